@@ -1,0 +1,397 @@
+//! The idempotency engine: the one place that decides what a deduplicated request does.
+//!
+//! Both the gateway's proxy and the tower layer call it the same way:
+//!
+//! 1. [`Engine::begin`] with the namespaced key, the route and the fingerprint. It answers a
+//!    [`Started`]: execute, replay, or one of the refusals. It waits on in-flight owners itself
+//!    (by notification, bounded by `wait_timeout`) so callers never poll.
+//! 2. On [`Started::Execute`], run the operation to its end (even if the client went away), then
+//!    [`Execution::finish`] with the [`Outcome`]. The engine decides whether that outcome is final
+//!    (stored and replayed) or transient (the key is released for a retry).
+//!
+//! While an [`Execution`] is alive a background task renews its lease, so a slow upstream keeps
+//! its key and a dead process loses it once the lease runs out.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::fingerprint::Fingerprint;
+use crate::record::{LeaseToken, Millis, RecordState, StoredResponse, now_millis};
+use crate::rules::{Begin, BeginRequest};
+use crate::store::{Store, StoreError};
+
+/// What to do when a second request finds the key in flight.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Concurrency {
+    /// Wait for the owner (by notification) up to `wait_timeout`, then replay its outcome.
+    #[default]
+    Wait,
+    /// Answer `request-in-flight` at once.
+    Reject,
+}
+
+/// What to do when an owner's lease ran out before it finished (the owner died).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LeaseExpiry {
+    /// Take the key over with a new lease: the operation runs again.
+    #[default]
+    Retry,
+    /// Answer `outcome-unknown` until an operator purges the record (money movement).
+    Fail,
+}
+
+/// The per-route knobs of the lifecycle (SPEC section 4).
+#[derive(Clone, Debug)]
+pub struct Policy {
+    pub retention: Duration,
+    pub lease: Duration,
+    pub concurrent: Concurrency,
+    pub wait_timeout: Duration,
+    pub on_lease_expiry: LeaseExpiry,
+    /// Store 5xx outcomes instead of releasing the key (Stripe style).
+    pub store_server_errors: bool,
+    pub max_response_bytes: usize,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            retention: Duration::from_secs(24 * 3600),
+            lease: Duration::from_secs(30),
+            concurrent: Concurrency::Wait,
+            wait_timeout: Duration::from_secs(10),
+            on_lease_expiry: LeaseExpiry::Retry,
+            store_server_errors: false,
+            max_response_bytes: 1024 * 1024,
+        }
+    }
+}
+
+/// Whether an upstream status is a final outcome to store, or transient (release the key).
+///
+/// Final: 2xx, 3xx, and 4xx other than 408, 425 and 429; 5xx only with `store_server_errors`.
+#[must_use]
+pub fn is_final(status: u16, store_server_errors: bool) -> bool {
+    match status {
+        408 | 425 | 429 => false,
+        200..=499 => true,
+        500..=599 => store_server_errors,
+        _ => false,
+    }
+}
+
+/// Response headers that are kept for replay. Everything else is dropped: `Set-Cookie` (a
+/// session must never be handed to a retry), hop-by-hop headers, and anything per-connection.
+const STORED_HEADERS: &[&str] = &[
+    "cache-control",
+    "content-disposition",
+    "content-encoding",
+    "content-language",
+    "content-location",
+    "content-type",
+    "etag",
+    "expires",
+    "last-modified",
+    "link",
+    "location",
+    "retry-after",
+    "vary",
+    "x-request-id",
+];
+
+/// Whether a response header (lowercase name) is kept for replay.
+#[must_use]
+pub fn is_storable_header(name: &str) -> bool {
+    STORED_HEADERS.contains(&name)
+}
+
+/// The result of [`Engine::begin`].
+pub enum Started<S: Store> {
+    /// The caller owns the key: execute, then [`Execution::finish`].
+    Execute(Execution<S>),
+    /// A completed outcome for the same request: send it back.
+    Replay {
+        response: StoredResponse,
+        operation_id: String,
+        expires_at: Millis,
+    },
+    /// The operation completed but its body was over `max_response_bytes`.
+    NotRetained {
+        status: u16,
+        operation_id: String,
+        expires_at: Millis,
+    },
+    /// The key belongs to a different request (body, route or method).
+    Mismatch { operation_id: String },
+    /// Another owner is running (`reject`, or `wait` timed out).
+    InFlight {
+        operation_id: String,
+        retry_after: Duration,
+    },
+    /// The owner died and the route refuses takeover.
+    OutcomeUnknown { operation_id: String },
+}
+
+impl<S: Store> std::fmt::Debug for Started<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Execute(e) => f.debug_tuple("Execute").field(e).finish(),
+            Self::Replay { response, operation_id, .. } => f
+                .debug_struct("Replay")
+                .field("status", &response.status)
+                .field("operation_id", operation_id)
+                .finish_non_exhaustive(),
+            Self::NotRetained { status, operation_id, .. } => f
+                .debug_struct("NotRetained")
+                .field("status", status)
+                .field("operation_id", operation_id)
+                .finish_non_exhaustive(),
+            Self::Mismatch { operation_id } => f.debug_struct("Mismatch").field("operation_id", operation_id).finish(),
+            Self::InFlight { operation_id, retry_after } => f
+                .debug_struct("InFlight")
+                .field("operation_id", operation_id)
+                .field("retry_after", retry_after)
+                .finish(),
+            Self::OutcomeUnknown { operation_id } => {
+                f.debug_struct("OutcomeUnknown").field("operation_id", operation_id).finish()
+            }
+        }
+    }
+}
+
+/// How an execution ended.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The upstream answered. `body: None` means it was over `max_response_bytes`.
+    Response(StoredResponse),
+    /// No answer (connect error, timeout, cancelled): always transient.
+    NoResponse,
+}
+
+/// What [`Execution::finish`] did with the outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finished {
+    /// Stored; replayed until `expires_at`.
+    Completed { expires_at: Millis },
+    /// Transient: the key was released, a retry executes again.
+    Released,
+}
+
+/// The engine, cheap to clone.
+#[derive(Debug)]
+pub struct Engine<S> {
+    store: Arc<S>,
+}
+
+impl<S> Clone for Engine<S> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+        }
+    }
+}
+
+impl<S: Store> Engine<S> {
+    #[must_use]
+    pub fn new(store: Arc<S>) -> Self {
+        Self { store }
+    }
+
+    #[must_use]
+    pub fn store(&self) -> &Arc<S> {
+        &self.store
+    }
+
+    /// Begins a deduplicated request.
+    ///
+    /// # Errors
+    /// A store error; the caller applies its `on_store_error` policy.
+    pub async fn begin(
+        &self,
+        key: &str,
+        route: &str,
+        fingerprint: Fingerprint,
+        policy: &Policy,
+    ) -> Result<Started<S>, StoreError> {
+        let token = LeaseToken::random();
+        let operation_id = new_operation_id();
+        let wait_until = now_millis() + millis(policy.wait_timeout);
+        let mut subscription = None;
+        loop {
+            let now = now_millis();
+            let req = BeginRequest {
+                fingerprint,
+                route,
+                token,
+                operation_id: &operation_id,
+                lease_ms: millis(policy.lease),
+                retention_ms: millis(policy.retention),
+                takeover: policy.on_lease_expiry == LeaseExpiry::Retry,
+                now,
+            };
+            let lease_until = match self.store.begin(key, &req).await? {
+                Begin::Acquired { operation_id, .. } => {
+                    return Ok(Started::Execute(Execution::start(
+                        self.store.clone(),
+                        key,
+                        token,
+                        operation_id,
+                        policy,
+                    )));
+                }
+                Begin::Replay(record) => {
+                    let RecordState::Completed { response, .. } = record.state else {
+                        unreachable!("rules::begin replays only completed records")
+                    };
+                    return Ok(match response.body {
+                        Some(_) => Started::Replay {
+                            response,
+                            operation_id: record.operation_id,
+                            expires_at: record.expires_at,
+                        },
+                        None => Started::NotRetained {
+                            status: response.status,
+                            operation_id: record.operation_id,
+                            expires_at: record.expires_at,
+                        },
+                    });
+                }
+                Begin::Mismatch { operation_id } => return Ok(Started::Mismatch { operation_id }),
+                Begin::LeaseExpired { operation_id } => {
+                    return Ok(Started::OutcomeUnknown { operation_id });
+                }
+                Begin::InFlight {
+                    operation_id,
+                    lease_until,
+                } => {
+                    if policy.concurrent == Concurrency::Reject || now >= wait_until {
+                        let left = lease_until.saturating_sub(now).div_ceil(1000).max(1);
+                        return Ok(Started::InFlight {
+                            operation_id,
+                            retry_after: Duration::from_secs(left),
+                        });
+                    }
+                    lease_until
+                }
+            };
+            // Subscribe, then ask again before sleeping: a completion between the two calls is
+            // then either seen by the second begin or delivered to the subscription.
+            let Some(sub) = subscription.as_mut() else {
+                subscription = Some(self.store.notifier().subscribe(key));
+                continue;
+            };
+            // Wake at a notification, at the deadline, or when the lease ends (the owner may
+            // have died; the next begin then takes over or reports the outcome unknown).
+            let wake_at = wait_until.min(lease_until + 1);
+            let nap = Duration::from_millis(wake_at.saturating_sub(now_millis()));
+            let _ = tokio::time::timeout(nap, sub.notified()).await;
+            // A fresh subscription for the next round: the old one has fired.
+            subscription = Some(self.store.notifier().subscribe(key));
+        }
+    }
+}
+
+/// A new operation id: a UUIDv7, time-ordered so ids sort by creation.
+#[must_use]
+pub fn new_operation_id() -> String {
+    let mut buf = uuid::Uuid::encode_buffer();
+    let s = uuid::Uuid::now_v7().simple().encode_lower(&mut buf);
+    let mut id = String::with_capacity(3 + s.len());
+    id.push_str("op_");
+    id.push_str(s);
+    id
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Ownership of a key while the operation runs. Renews the lease in the background.
+///
+/// Dropping it without [`Execution::finish`] stops the renewal and leaves the record in flight:
+/// the outcome is unknown, so the key is neither completed nor released, and the lease expiry
+/// rule decides later (exactly as if the process had died).
+pub struct Execution<S: Store> {
+    store: Arc<S>,
+    key: String,
+    token: LeaseToken,
+    operation_id: String,
+    retention: Duration,
+    store_server_errors: bool,
+    renewal: tokio::task::JoinHandle<()>,
+}
+
+impl<S: Store> Execution<S> {
+    fn start(store: Arc<S>, key: &str, token: LeaseToken, operation_id: String, policy: &Policy) -> Self {
+        let renewal = tokio::spawn(renew_loop(store.clone(), key.to_owned(), token, policy.lease));
+        Self {
+            store,
+            key: key.to_owned(),
+            token,
+            operation_id,
+            retention: policy.retention,
+            store_server_errors: policy.store_server_errors,
+            renewal,
+        }
+    }
+
+    /// The record's operation id.
+    #[must_use]
+    pub fn operation_id(&self) -> &str {
+        &self.operation_id
+    }
+
+    /// Stores a final outcome or releases the key for a transient one.
+    ///
+    /// # Errors
+    /// A store error, or [`StoreError::Fenced`] when the lease was lost meanwhile.
+    pub async fn finish(self, outcome: Outcome) -> Result<Finished, StoreError> {
+        self.renewal.abort();
+        match outcome {
+            Outcome::Response(response) if is_final(response.status, self.store_server_errors) => {
+                let now = now_millis();
+                let retention = millis(self.retention);
+                self.store
+                    .complete(&self.key, self.token, response, retention, now)
+                    .await?;
+                Ok(Finished::Completed {
+                    expires_at: now + retention,
+                })
+            }
+            _ => {
+                self.store.release(&self.key, self.token).await?;
+                Ok(Finished::Released)
+            }
+        }
+    }
+}
+
+impl<S: Store> std::fmt::Debug for Execution<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Execution")
+            .field("operation_id", &self.operation_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> Drop for Execution<S> {
+    fn drop(&mut self) {
+        self.renewal.abort();
+    }
+}
+
+async fn renew_loop<S: Store>(store: Arc<S>, key: String, token: LeaseToken, lease: Duration) {
+    // Renew at a third of the lease so two missed renewals still leave the lease alive.
+    let every = (lease / 3).max(Duration::from_millis(10));
+    loop {
+        tokio::time::sleep(every).await;
+        match store.renew(&key, token, now_millis() + millis(lease)).await {
+            Ok(()) => {}
+            Err(StoreError::Fenced(_)) => {
+                tracing::warn!("lease lost while the upstream was running; another attempt owns the key");
+                return;
+            }
+            Err(e) => tracing::warn!(error = %e, "lease renewal failed; will retry"),
+        }
+    }
+}

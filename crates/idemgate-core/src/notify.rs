@@ -1,0 +1,161 @@
+//! In-process wake-ups for requests waiting on an in-flight key.
+//!
+//! A waiter subscribes to a key, re-checks the store, then sleeps until notified, its deadline,
+//! or the owner's lease end, whichever comes first. Stores call [`Notifier::notify`] after a
+//! complete or release; distributed stores feed it from their own channel (Redis pub/sub,
+//! PostgreSQL `LISTEN`). Because the waiter always re-checks the store after waking, a lost
+//! notification only delays a waiter until its next timer; it never hangs it.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::Notify;
+
+const SHARDS: usize = 32;
+
+/// Per-key notification registry. Keys with no subscriber cost nothing.
+pub struct Notifier {
+    hasher: RandomState,
+    // A std Mutex: the critical sections are a hash-map lookup and never await.
+    shards: Box<[Mutex<HashMap<Box<str>, Entry>>]>,
+}
+
+struct Entry {
+    notify: Arc<Notify>,
+    subscribers: usize,
+}
+
+impl Default for Notifier {
+    fn default() -> Self {
+        Self {
+            hasher: RandomState::new(),
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Notifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Notifier").finish_non_exhaustive()
+    }
+}
+
+impl Notifier {
+    fn shard(&self, key: &str) -> &Mutex<HashMap<Box<str>, Entry>> {
+        let i = usize::try_from(self.hasher.hash_one(key)).unwrap_or(0) % SHARDS;
+        &self.shards[i]
+    }
+
+    /// Registers interest in `key`. Notifications sent after this call are not missed, even if
+    /// the subscription is awaited later.
+    #[must_use]
+    pub fn subscribe(self: &Arc<Self>, key: &str) -> Subscription {
+        let notify = {
+            let mut shard = self.shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+            let entry = shard.entry(key.into()).or_insert_with(|| Entry {
+                notify: Arc::new(Notify::new()),
+                subscribers: 0,
+            });
+            entry.subscribers += 1;
+            entry.notify.clone()
+        };
+        let mut notified = Box::pin(notify.notified_owned());
+        // Enabled now, so a notify_waiters() between here and the first poll still counts.
+        notified.as_mut().enable();
+        Subscription {
+            notifier: self.clone(),
+            key: key.into(),
+            notified,
+        }
+    }
+
+    /// Wakes every current subscriber of `key`.
+    pub fn notify(&self, key: &str) {
+        let shard = self.shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(entry) = shard.get(key) {
+            entry.notify.notify_waiters();
+        }
+    }
+
+    /// Wakes every subscriber of every key (used after a distributed store reconnects, when
+    /// notifications may have been lost).
+    pub fn notify_all(&self) {
+        for shard in &*self.shards {
+            let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            for entry in shard.values() {
+                entry.notify.notify_waiters();
+            }
+        }
+    }
+
+    /// How many keys have subscribers (for tests and metrics).
+    #[must_use]
+    pub fn watched_keys(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .sum()
+    }
+}
+
+/// One waiter's interest in one key; unregisters on drop.
+pub struct Subscription {
+    notifier: Arc<Notifier>,
+    key: Box<str>,
+    notified: std::pin::Pin<Box<tokio::sync::futures::OwnedNotified>>,
+}
+
+impl Subscription {
+    /// Resolves at the next notification for the key.
+    pub async fn notified(&mut self) {
+        self.notified.as_mut().await;
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut shard = self
+            .notifier
+            .shard(&self.key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(entry) = shard.get_mut(&*self.key) {
+            entry.subscribers -= 1;
+            if entry.subscribers == 0 {
+                shard.remove(&*self.key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn notification_before_await_is_not_lost() {
+        let n = Arc::new(Notifier::default());
+        let mut sub = n.subscribe("k");
+        n.notify("k");
+        tokio::time::timeout(Duration::from_secs(1), sub.notified())
+            .await
+            .expect("woken");
+    }
+
+    #[tokio::test]
+    async fn other_keys_do_not_wake_and_entries_are_dropped() {
+        let n = Arc::new(Notifier::default());
+        let mut sub = n.subscribe("a");
+        n.notify("b");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), sub.notified())
+                .await
+                .is_err()
+        );
+        assert_eq!(n.watched_keys(), 1);
+        drop(sub);
+        assert_eq!(n.watched_keys(), 0);
+    }
+}

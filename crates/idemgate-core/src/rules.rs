@@ -1,0 +1,194 @@
+//! The transition rules of a record, as pure functions of (current record, request, now).
+//!
+//! Every store applies these inside its own atomic section (a shard lock, a write transaction, a
+//! row lock), so the rules exist once. A store written in another language (the Redis Lua
+//! scripts) mirrors them and proves it by passing the same conformance suite.
+
+use crate::fingerprint::Fingerprint;
+use crate::record::{LeaseToken, Millis, Record, RecordState, StoredResponse};
+
+/// What `begin` asks of the store.
+#[derive(Clone, Debug)]
+pub struct BeginRequest<'a> {
+    pub fingerprint: Fingerprint,
+    pub route: &'a str,
+    /// The caller's token for this attempt; a retried `begin` with the same token is the same
+    /// attempt and is answered `Acquired` again.
+    pub token: LeaseToken,
+    /// Used only when a new record is created.
+    pub operation_id: &'a str,
+    pub lease_ms: u64,
+    pub retention_ms: u64,
+    /// `on_lease_expiry: retry`: an expired lease may be taken over.
+    pub takeover: bool,
+    pub now: Millis,
+}
+
+/// The store's answer to `begin`: exactly one of these.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Begin {
+    /// The caller owns the key and must execute, then complete or release.
+    Acquired {
+        operation_id: String,
+        generation: u64,
+        took_over: bool,
+    },
+    /// Another owner holds a live lease.
+    InFlight {
+        operation_id: String,
+        lease_until: Millis,
+    },
+    /// A completed record with the same fingerprint: replay it.
+    Replay(Box<Record>),
+    /// The key is in use (in flight or completed) for another request.
+    Mismatch { operation_id: String },
+    /// The owner's lease ran out and the route does not allow takeover (`on_lease_expiry: fail`).
+    LeaseExpired { operation_id: String },
+}
+
+/// How a store must change the record after a rule has decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    Keep,
+    Put(Record),
+    Delete,
+}
+
+/// A store operation named a token that is not the record's current owner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("lease lost: the record is owned by another attempt or gone")]
+pub struct Fenced;
+
+/// Decides `begin`.
+#[must_use]
+pub fn begin(existing: Option<&Record>, req: &BeginRequest<'_>) -> (Begin, Write) {
+    let Some(rec) = existing.filter(|r| r.is_live(req.now)) else {
+        let generation = existing.map_or(0, |r| r.generation) + 1;
+        return acquire(req, req.operation_id.to_owned(), generation, false);
+    };
+    let same = rec.fingerprint.ct_eq(&req.fingerprint) && rec.route == req.route;
+    match &rec.state {
+        RecordState::InFlight { token, .. } if *token == req.token => (
+            // The same attempt, retried after its first begin took effect.
+            Begin::Acquired {
+                operation_id: rec.operation_id.clone(),
+                generation: rec.generation,
+                took_over: false,
+            },
+            Write::Keep,
+        ),
+        _ if !same => (
+            Begin::Mismatch {
+                operation_id: rec.operation_id.clone(),
+            },
+            Write::Keep,
+        ),
+        RecordState::Completed { .. } => (Begin::Replay(Box::new(rec.clone())), Write::Keep),
+        RecordState::InFlight { lease_until, .. } if req.now < *lease_until => (
+            Begin::InFlight {
+                operation_id: rec.operation_id.clone(),
+                lease_until: *lease_until,
+            },
+            Write::Keep,
+        ),
+        RecordState::InFlight { .. } if req.takeover => {
+            // The owner died: a new attempt with a new token and a new operation id.
+            acquire(req, req.operation_id.to_owned(), rec.generation + 1, true)
+        }
+        RecordState::InFlight { .. } => (
+            Begin::LeaseExpired {
+                operation_id: rec.operation_id.clone(),
+            },
+            Write::Keep,
+        ),
+    }
+}
+
+fn acquire(
+    req: &BeginRequest<'_>,
+    operation_id: String,
+    generation: u64,
+    took_over: bool,
+) -> (Begin, Write) {
+    let record = Record {
+        state: RecordState::InFlight {
+            token: req.token,
+            lease_until: req.now + req.lease_ms,
+        },
+        fingerprint: req.fingerprint,
+        route: req.route.to_owned(),
+        operation_id: operation_id.clone(),
+        created_at: req.now,
+        // An in-flight record lives as long as a completed one would: under
+        // `on_lease_expiry: fail` a dead owner's key answers `outcome-unknown` for that long.
+        expires_at: req.now + req.lease_ms.max(req.retention_ms),
+        generation,
+    };
+    (
+        Begin::Acquired {
+            operation_id,
+            generation,
+            took_over,
+        },
+        Write::Put(record),
+    )
+}
+
+/// Decides `complete`: the owner stores its final outcome.
+///
+/// # Errors
+/// [`Fenced`] when `token` is not the record's owner.
+pub fn complete(
+    existing: Option<&Record>,
+    token: LeaseToken,
+    response: StoredResponse,
+    retention_ms: u64,
+    now: Millis,
+) -> Result<Write, Fenced> {
+    let Some(rec) = existing else {
+        return Err(Fenced);
+    };
+    match &rec.state {
+        RecordState::InFlight { token: t, .. } if *t == token => {
+            let mut done = rec.clone();
+            done.state = RecordState::Completed { token, response };
+            done.expires_at = now + retention_ms;
+            Ok(Write::Put(done))
+        }
+        // Retried after it took effect: already done, not a conflict.
+        RecordState::Completed { token: t, .. } if *t == token => Ok(Write::Keep),
+        _ => Err(Fenced),
+    }
+}
+
+/// Decides `release`: the owner gives the key back after a transient outcome.
+///
+/// # Errors
+/// [`Fenced`] when another attempt owns the record.
+pub fn release(existing: Option<&Record>, token: LeaseToken) -> Result<Write, Fenced> {
+    match existing.map(|r| &r.state) {
+        // Retried after it took effect (or swept): nothing left to release.
+        None => Ok(Write::Keep),
+        Some(RecordState::InFlight { token: t, .. }) if *t == token => Ok(Write::Delete),
+        Some(_) => Err(Fenced),
+    }
+}
+
+/// Decides `renew`: the owner extends its lease while the upstream runs.
+///
+/// # Errors
+/// [`Fenced`] when the token no longer owns an in-flight record.
+pub fn renew(existing: Option<&Record>, token: LeaseToken, lease_until: Millis) -> Result<Write, Fenced> {
+    match existing {
+        Some(rec) => match rec.state {
+            RecordState::InFlight { token: t, .. } if t == token => {
+                let mut renewed = rec.clone();
+                renewed.state = RecordState::InFlight { token, lease_until };
+                renewed.expires_at = renewed.expires_at.max(lease_until);
+                Ok(Write::Put(renewed))
+            }
+            _ => Err(Fenced),
+        },
+        None => Err(Fenced),
+    }
+}
