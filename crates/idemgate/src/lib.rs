@@ -1,1 +1,21 @@
-//! placeholder
+//! The idemgate gateway as a library: the binary in `main.rs` is a thin command line over these
+//! pieces, and the black-box tests and the demo use them too.
+//!
+//! - [`config`]: the YAML contract, resolved and checked.
+//! - [`routes`]: path templates and first-match routing.
+//! - [`proxy`]: the request phases (framing, route, policy, dedup, execute).
+//! - [`problem`]: RFC 9457 responses, the one place mapping refusals to status codes.
+//! - [`store`]: the configured store behind one enum.
+//! - [`server`]: the listener and graceful shutdown.
+//! - [`access_log`]: the per-request JSON line.
+//! - [`demo`]: a counting demo upstream.
+
+pub mod access_log;
+pub mod body;
+pub mod config;
+pub mod demo;
+pub mod problem;
+pub mod proxy;
+pub mod routes;
+pub mod server;
+pub mod store;

@@ -1,0 +1,61 @@
+//! One JSON line per request (SPEC 12). The key appears only as a short digest; raw keys,
+//! tokens and bodies are never written.
+
+use std::time::Instant;
+
+/// Fields gathered while a request is handled, emitted once at its end.
+#[derive(Debug)]
+pub struct AccessLog {
+    pub started: Instant,
+    pub method: String,
+    pub endpoint: String,
+    pub policy: &'static str,
+    /// `A` (caller's header), or `none` when the request was not deduplicated.
+    pub case: &'static str,
+    /// Where the key came from: `header` or `none`.
+    pub source: &'static str,
+    pub key_digest: String,
+    pub operation_id: String,
+    pub cache_hit: bool,
+    /// What the engine did: `executed`, `replayed`, `released`, `refused`, `forwarded`, ...
+    pub outcome: &'static str,
+}
+
+impl AccessLog {
+    #[must_use]
+    pub fn new(method: &http::Method) -> Self {
+        Self {
+            started: Instant::now(),
+            method: method.as_str().to_owned(),
+            endpoint: String::new(),
+            policy: "",
+            case: "none",
+            source: "none",
+            key_digest: String::new(),
+            operation_id: String::new(),
+            cache_hit: false,
+            outcome: "forwarded",
+        }
+    }
+
+    /// Writes the line.
+    pub fn emit(&self, status: u16) {
+        tracing::info!(
+            target: "idemgate::access",
+            method = %self.method,
+            endpoint = %self.endpoint,
+            idempotency_policy = self.policy,
+            idempotency_case = self.case,
+            idempotency_source = self.source,
+            idempotency_key_namespaced = %self.key_digest,
+            operation_id = %self.operation_id,
+            cache_hit = self.cache_hit,
+            outcome = self.outcome,
+            tenant = "",
+            project = "",
+            status,
+            latency_ms = self.started.elapsed().as_secs_f64() * 1000.0,
+            "request"
+        );
+    }
+}

@@ -1,0 +1,280 @@
+//! The configuration file as written (`idemgate.example.yaml`), deserialized strictly: unknown
+//! keys are errors, and keys whose feature has not landed are refused by name rather than
+//! silently ignored.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+/// Declares a field type that refuses any value with a "not supported yet" error, so the YAML
+/// parser reports it with its line.
+macro_rules! not_yet {
+    ($name:ident, $what:literal) => {
+        #[derive(Debug)]
+        pub struct $name;
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(_: D) -> Result<Self, D::Error> {
+                Err(serde::de::Error::custom(concat!($what, " is not supported yet")))
+            }
+        }
+    };
+}
+
+not_yet!(IdentityNotYet, "`identity` (API keys, JWT, trusted headers)");
+not_yet!(WebhooksNotYet, "`webhooks` (case B providers)");
+not_yet!(StatusNotYet, "route `status` (status probes)");
+not_yet!(TargetNotYet, "route `target` (Restate upstreams)");
+not_yet!(ProviderNotYet, "route `provider` (webhooks)");
+not_yet!(AdminNotYet, "the admin listener (`admin_listen`, `admin_token_env`)");
+not_yet!(PublicUrlNotYet, "`public_base_url` (webhook signing)");
+not_yet!(AdminUrlNotYet, "upstream `admin_url` (Restate retention)");
+
+/// A duration written as `250ms`, `30s`, `10m`, `24h`, `7d`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dur(pub Duration);
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s)
+            .map(Dur)
+            .map_err(|e| serde::de::Error::custom(format!("invalid duration `{s}`: {e} (examples: 250ms, 30s, 10m, 24h, 7d)")))
+    }
+}
+
+/// A size written as `512KiB`, `1MiB`, or a plain byte count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Size(pub u64);
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(Size(n)),
+            Raw::S(s) => s
+                .parse::<bytesize::ByteSize>()
+                .map(|b| Size(b.as_u64()))
+                .map_err(|e| serde::de::Error::custom(format!("invalid size `{s}`: {e} (examples: 512KiB, 1MiB)"))),
+        }
+    }
+}
+
+/// One value or a list (`method: POST` or `method: [POST, PATCH]`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    #[must_use]
+    pub fn to_vec(&self) -> Vec<String> {
+        match self {
+            Self::One(s) => vec![s.clone()],
+            Self::Many(v) => v.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    #[serde(default)]
+    pub server: ServerFile,
+    #[serde(default)]
+    pub store: StoreFile,
+    #[serde(default)]
+    pub upstreams: BTreeMap<String, UpstreamFile>,
+    pub identity: Option<IdentityNotYet>,
+    #[serde(default)]
+    pub idempotency: Settings,
+    pub webhooks: Option<WebhooksNotYet>,
+    #[serde(default)]
+    pub routes: Vec<RouteFile>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerFile {
+    pub listen: Option<String>,
+    pub admin_listen: Option<AdminNotYet>,
+    pub admin_token_env: Option<AdminNotYet>,
+    pub max_request_body: Option<Size>,
+    pub public_base_url: Option<PublicUrlNotYet>,
+    /// How long a graceful shutdown waits for in-flight requests (default 30s).
+    pub shutdown_timeout: Option<Dur>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    Memory,
+    #[default]
+    Embedded,
+    Redis,
+    Postgres,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreFile {
+    #[serde(default)]
+    pub kind: StoreKind,
+    pub path: Option<PathBuf>,
+    pub url: Option<String>,
+    pub max_bytes: Option<Size>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamKind {
+    #[default]
+    Http,
+    Restate,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamFile {
+    #[serde(default)]
+    pub kind: UpstreamKind,
+    pub url: String,
+    pub timeout: Option<Dur>,
+    pub admin_url: Option<AdminUrlNotYet>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    Required,
+    Accepted,
+    Prohibited,
+    Webhook,
+    HandlerInternal,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConcurrentFile {
+    Wait,
+    Reject,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LeaseExpiryFile {
+    Retry,
+    Fail,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnStoreError {
+    FailClosed,
+    FailOpen,
+}
+
+/// Declares a struct with the given fields plus every per-route idempotency setting, so the
+/// `idempotency:` defaults and each route accept exactly the same keys (serde's `flatten` cannot
+/// be combined with `deny_unknown_fields`).
+macro_rules! with_settings {
+    ($(#[$m:meta])* pub struct $name:ident { $($(#[$fm:meta])* pub $f:ident: $t:ty,)* }) => {
+        $(#[$m])*
+        pub struct $name {
+            $($(#[$fm])* pub $f: $t,)*
+            pub header: Option<String>,
+            pub retention: Option<Dur>,
+            pub lease: Option<Dur>,
+            pub concurrent: Option<ConcurrentFile>,
+            pub wait_timeout: Option<Dur>,
+            pub max_key_length: Option<usize>,
+            pub reserved_prefixes: Option<Vec<String>>,
+            pub key_pattern: Option<String>,
+            pub replayed_header: Option<String>,
+            pub max_response_bytes: Option<Size>,
+            pub store_server_errors: Option<bool>,
+            pub on_lease_expiry: Option<LeaseExpiryFile>,
+            pub on_store_error: Option<OnStoreError>,
+        }
+
+        impl $name {
+            /// The settings part of this struct.
+            #[must_use]
+            pub fn settings(&self) -> Settings {
+                Settings {
+                    header: self.header.clone(),
+                    retention: self.retention,
+                    lease: self.lease,
+                    concurrent: self.concurrent,
+                    wait_timeout: self.wait_timeout,
+                    max_key_length: self.max_key_length,
+                    reserved_prefixes: self.reserved_prefixes.clone(),
+                    key_pattern: self.key_pattern.clone(),
+                    replayed_header: self.replayed_header.clone(),
+                    max_response_bytes: self.max_response_bytes,
+                    store_server_errors: self.store_server_errors,
+                    on_lease_expiry: self.on_lease_expiry,
+                    on_store_error: self.on_store_error,
+                }
+            }
+        }
+    };
+}
+
+with_settings! {
+    /// Idempotency settings: the file's defaults, or one route's overrides.
+    #[derive(Clone, Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Settings {}
+}
+
+impl Settings {
+    /// `self` with every unset field taken from `defaults`.
+    #[must_use]
+    pub fn or(self, defaults: &Settings) -> Settings {
+        let d = defaults.clone();
+        Settings {
+            header: self.header.or(d.header),
+            retention: self.retention.or(d.retention),
+            lease: self.lease.or(d.lease),
+            concurrent: self.concurrent.or(d.concurrent),
+            wait_timeout: self.wait_timeout.or(d.wait_timeout),
+            max_key_length: self.max_key_length.or(d.max_key_length),
+            reserved_prefixes: self.reserved_prefixes.or(d.reserved_prefixes),
+            key_pattern: self.key_pattern.or(d.key_pattern),
+            replayed_header: self.replayed_header.or(d.replayed_header),
+            max_response_bytes: self.max_response_bytes.or(d.max_response_bytes),
+            store_server_errors: self.store_server_errors.or(d.store_server_errors),
+            on_lease_expiry: self.on_lease_expiry.or(d.on_lease_expiry),
+            on_store_error: self.on_store_error.or(d.on_store_error),
+        }
+    }
+}
+
+with_settings! {
+    /// One entry of `routes:`.
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct RouteFile {
+        pub id: String,
+        pub method: OneOrMany,
+        pub path: String,
+        pub upstream: String,
+        pub policy: PolicyKind,
+        pub scope: Option<idemgate_core::namespace::Scope>,
+        pub project: Option<String>,
+        #[serde(default)]
+        pub recovery: bool,
+        pub status: Option<StatusNotYet>,
+        pub target: Option<TargetNotYet>,
+        pub provider: Option<ProviderNotYet>,
+    }
+}

@@ -1,0 +1,313 @@
+//! Configuration: the YAML file ([`file`]) resolved into the gateway's runtime [`Config`], with
+//! every default applied and every cross-reference checked. Errors name the key and its line.
+
+pub mod file;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::HeaderName;
+use http::{Method, Uri};
+use idemgate_core::engine::{Concurrency, LeaseExpiry, Policy};
+use idemgate_core::key::KeyRules;
+use idemgate_core::namespace::Scope;
+
+pub use file::{OnStoreError, PolicyKind, StoreKind};
+use file::{ConcurrentFile, FileConfig, LeaseExpiryFile, OneOrMany, RouteFile, Settings};
+
+use crate::routes::{Methods, PathTemplate, Table};
+
+/// A configuration that cannot be used, with the place it came from.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+/// The resolved configuration.
+#[derive(Debug)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub max_request_body: usize,
+    pub shutdown_timeout: Duration,
+    pub store: StoreConfig,
+    pub routes: Table<Arc<Route>>,
+}
+
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    pub kind: StoreKind,
+    pub path: PathBuf,
+    pub max_bytes: usize,
+}
+
+#[derive(Debug)]
+pub struct Upstream {
+    pub name: String,
+    /// Scheme and authority, plus an optional path prefix (no trailing `/`).
+    pub base: Uri,
+    pub timeout: Duration,
+}
+
+/// One resolved route: where it goes and the idempotency rules that apply to it.
+#[derive(Debug)]
+pub struct Route {
+    pub id: String,
+    pub methods: Methods,
+    pub path: PathTemplate,
+    pub upstream: Arc<Upstream>,
+    pub policy: PolicyKind,
+    pub scope: Scope,
+    pub header: HeaderName,
+    pub replayed_header: HeaderName,
+    pub keys: KeyRules,
+    pub engine: Policy,
+    pub on_store_error: OnStoreError,
+}
+
+const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+const DEFAULT_MAX_REQUEST_BODY: u64 = 10 * 1024 * 1024;
+const DEFAULT_MEMORY_BYTES: u64 = 512 * 1024 * 1024;
+const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Config {
+    /// Parses and resolves a YAML document.
+    ///
+    /// # Errors
+    /// Syntax, unknown or unsupported keys, bad values, dangling references.
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let file: FileConfig =
+            serde_yaml_ng::from_str(text).map_err(|e| ConfigError(describe_yaml_error(&e)))?;
+        resolve(file, text)
+    }
+
+    /// Reads and resolves a file.
+    ///
+    /// # Errors
+    /// The file cannot be read, or [`Config::from_yaml`] refuses it.
+    pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
+        Self::from_yaml(&text).map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
+    }
+
+    /// The `serve --upstream URL` configuration: one catch-all `accepted` route for POST and
+    /// PATCH, `scope: global`, embedded store in `./idemgate-data`.
+    ///
+    /// # Errors
+    /// The URL is not an absolute `http://` URL.
+    pub fn for_upstream(url: &str, listen: Option<SocketAddr>) -> Result<Self, ConfigError> {
+        let yaml = format!(
+            "upstreams:\n  app:\n    url: {}\nroutes:\n  - id: default\n    method: [POST, PATCH]\n    path: /**\n    upstream: app\n    policy: accepted\n    scope: global\n",
+            serde_json::to_string(url).unwrap_or_default()
+        );
+        let mut config = Self::from_yaml(&yaml)?;
+        if let Some(listen) = listen {
+            config.listen = listen;
+        }
+        Ok(config)
+    }
+}
+
+/// serde_yaml_ng reports "at line L column C"; keep its message and make the key explicit.
+fn describe_yaml_error(e: &serde_yaml_ng::Error) -> String {
+    match e.location() {
+        Some(loc) => format!("line {}: {}", loc.line(), strip_location(&e.to_string())),
+        None => e.to_string(),
+    }
+}
+
+fn strip_location(msg: &str) -> &str {
+    msg.find(" at line ").map_or(msg, |i| &msg[..i])
+}
+
+/// The 1-based line of the route with `id`, for error messages on resolved values.
+fn route_line(text: &str, id: &str) -> String {
+    text.lines()
+        .position(|l| {
+            let l = l.trim_start().trim_start_matches("- ").trim_start();
+            l.strip_prefix("id:").is_some_and(|v| v.trim().trim_matches(['"', '\'']) == id)
+        })
+        .map_or_else(String::new, |i| format!("line {}: ", i + 1))
+}
+
+fn resolve(file: FileConfig, text: &str) -> Result<Config, ConfigError> {
+    let listen = file.server.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
+    let listen: SocketAddr = listen
+        .parse()
+        .map_err(|e| ConfigError(format!("server.listen: `{listen}` is not an address: {e}")))?;
+    let store = resolve_store(&file.store)?;
+    let mut upstreams = HashMap::new();
+    for (name, up) in &file.upstreams {
+        if up.kind == file::UpstreamKind::Restate {
+            return Err(ConfigError(format!(
+                "upstreams.{name}.kind: `restate` upstreams are not supported yet"
+            )));
+        }
+        let base = parse_base(&up.url).map_err(|why| ConfigError(format!("upstreams.{name}.url: {why}")))?;
+        upstreams.insert(
+            name.clone(),
+            Arc::new(Upstream {
+                name: name.clone(),
+                base,
+                timeout: up.timeout.map_or(DEFAULT_UPSTREAM_TIMEOUT, |d| d.0),
+            }),
+        );
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut entries = Vec::new();
+    for (i, rf) in file.routes.iter().enumerate() {
+        let at = route_line(text, &rf.id);
+        let err = |key: &str, why: String| ConfigError(format!("{at}routes[{i}] ({}).{key}: {why}", rf.id));
+        if !seen.insert(rf.id.clone()) {
+            return Err(err("id", "duplicate route id".into()));
+        }
+        let route = resolve_route(rf, &file.idempotency, &upstreams).map_err(|(k, why)| err(k, why))?;
+        entries.push((route.methods.clone(), route.path.clone(), Arc::new(route)));
+    }
+    if entries.is_empty() {
+        return Err(ConfigError("routes: at least one route is needed".into()));
+    }
+    Ok(Config {
+        listen,
+        max_request_body: usize::try_from(file.server.max_request_body.map_or(DEFAULT_MAX_REQUEST_BODY, |s| s.0))
+            .unwrap_or(usize::MAX),
+        shutdown_timeout: file.server.shutdown_timeout.map_or(Duration::from_secs(30), |d| d.0),
+        store,
+        routes: Table::new(entries),
+    })
+}
+
+fn resolve_store(s: &file::StoreFile) -> Result<StoreConfig, ConfigError> {
+    match s.kind {
+        StoreKind::Redis | StoreKind::Postgres => {
+            return Err(ConfigError(format!(
+                "store.kind: `{}` is not supported yet (memory and embedded are)",
+                if s.kind == StoreKind::Redis { "redis" } else { "postgres" }
+            )));
+        }
+        StoreKind::Memory | StoreKind::Embedded => {}
+    }
+    if s.url.is_some() {
+        return Err(ConfigError("store.url: only the redis and postgres stores take a url".into()));
+    }
+    Ok(StoreConfig {
+        kind: s.kind,
+        path: s.path.clone().unwrap_or_else(|| PathBuf::from("./idemgate-data")),
+        max_bytes: usize::try_from(s.max_bytes.map_or(DEFAULT_MEMORY_BYTES, |b| b.0)).unwrap_or(usize::MAX),
+    })
+}
+
+fn parse_base(url: &str) -> Result<Uri, String> {
+    let uri: Uri = url.parse().map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+    if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+        return Err(format!("`{url}` must be an absolute http:// URL"));
+    }
+    if uri.query().is_some() {
+        return Err(format!("`{url}` must not have a query"));
+    }
+    Ok(uri)
+}
+
+type RouteError = (&'static str, String);
+
+fn resolve_route(
+    rf: &RouteFile,
+    defaults: &Settings,
+    upstreams: &HashMap<String, Arc<Upstream>>,
+) -> Result<Route, RouteError> {
+    let methods = parse_methods(&rf.method).map_err(|why| ("method", why))?;
+    let path = PathTemplate::parse(&rf.path).map_err(|e| ("path", e.to_string()))?;
+    let upstream = upstreams
+        .get(&rf.upstream)
+        .cloned()
+        .ok_or_else(|| ("upstream", format!("`{}` is not defined under `upstreams`", rf.upstream)))?;
+    if rf.policy == PolicyKind::Webhook {
+        return Err(("policy", "`webhook` routes are not supported yet".into()));
+    }
+    if rf.recovery {
+        return Err(("recovery", "recovery routes are not supported yet".into()));
+    }
+    if let Some(p) = &rf.project {
+        if p != idemgate_core::namespace::PROJECT_TENANT && p != idemgate_core::namespace::PROJECT_PLATFORM {
+            return Err(("project", format!("`{p}` must be `_tenant` or `_platform`")));
+        }
+        return Err(("project", "project sentinels need `identity`, which is not supported yet".into()));
+    }
+    // Without identity there is no principal, so the default scope is global (SPEC 4.1: the
+    // default is `subject` once identity is configured).
+    let scope = rf.scope.unwrap_or(Scope::Global);
+    let s = rf.settings().or(defaults);
+    let header = header_name(s.header.as_deref().unwrap_or("Idempotency-Key")).map_err(|w| ("header", w))?;
+    let replayed_header =
+        header_name(s.replayed_header.as_deref().unwrap_or("Idempotent-Replayed")).map_err(|w| ("replayed_header", w))?;
+    let keys = KeyRules::new(
+        s.max_key_length.unwrap_or(idemgate_core::key::DEFAULT_MAX_KEY_LEN),
+        s.key_pattern.as_deref(),
+        s.reserved_prefixes
+            .clone()
+            .unwrap_or_else(|| vec![idemgate_core::key::DEFAULT_RESERVED_PREFIX.to_owned()]),
+    )
+    .map_err(|e| ("key_pattern", e.to_string()))?;
+    let base = Policy::default();
+    let engine = Policy {
+        retention: s.retention.map_or(base.retention, |d| d.0),
+        lease: s.lease.map_or(base.lease, |d| d.0),
+        concurrent: match s.concurrent {
+            Some(ConcurrentFile::Reject) => Concurrency::Reject,
+            Some(ConcurrentFile::Wait) | None => Concurrency::Wait,
+        },
+        wait_timeout: s.wait_timeout.map_or(base.wait_timeout, |d| d.0),
+        on_lease_expiry: match s.on_lease_expiry {
+            Some(LeaseExpiryFile::Fail) => LeaseExpiry::Fail,
+            Some(LeaseExpiryFile::Retry) | None => LeaseExpiry::Retry,
+        },
+        store_server_errors: s.store_server_errors.unwrap_or(false),
+        max_response_bytes: s
+            .max_response_bytes
+            .map_or(base.max_response_bytes, |b| usize::try_from(b.0).unwrap_or(usize::MAX)),
+    };
+    if engine.lease < Duration::from_millis(100) {
+        return Err(("lease", "must be at least 100ms".into()));
+    }
+    let on_store_error = s.on_store_error.unwrap_or(match rf.policy {
+        PolicyKind::Accepted => OnStoreError::FailOpen,
+        _ => OnStoreError::FailClosed,
+    });
+    Ok(Route {
+        id: rf.id.clone(),
+        methods,
+        path,
+        upstream,
+        policy: rf.policy,
+        scope,
+        header,
+        replayed_header,
+        keys,
+        engine,
+        on_store_error,
+    })
+}
+
+fn parse_methods(m: &OneOrMany) -> Result<Methods, String> {
+    let names = m.to_vec();
+    if names.is_empty() {
+        return Err("at least one method is needed".into());
+    }
+    names
+        .iter()
+        .map(|n| {
+            let upper = n.to_ascii_uppercase();
+            Method::from_bytes(upper.as_bytes()).map_err(|_| format!("`{n}` is not an HTTP method"))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Methods)
+}
+
+fn header_name(name: &str) -> Result<HeaderName, String> {
+    HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("`{name}` is not a header name"))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,122 @@
+//! Config parsing: the contract's keys, strictness, and errors that name key and line.
+
+use super::*;
+
+const MINIMAL: &str = "
+server:
+  listen: 127.0.0.1:18080
+  max_request_body: 512KiB
+store:
+  kind: memory
+  max_bytes: 1MiB
+upstreams:
+  orders:
+    url: http://127.0.0.1:3000
+    timeout: 250ms
+idempotency:
+  retention: 24h
+  lease: 30s
+  concurrent: wait
+  wait_timeout: 10s
+  max_key_length: 64
+  reserved_prefixes: [\"t-\", \"x-\"]
+  replayed_header: X-Idempotent-Replayed
+  max_response_bytes: 1MiB
+  store_server_errors: false
+  on_lease_expiry: retry
+routes:
+  - id: refund
+    method: POST
+    path: /api/v1/orders/{order_id}/refunds
+    upstream: orders
+    policy: required
+    retention: 30d
+    on_lease_expiry: fail
+    concurrent: reject
+  - id: everything-else
+    method: [POST, PATCH]
+    path: /**
+    upstream: orders
+    policy: accepted
+";
+
+fn err(yaml: &str) -> String {
+    Config::from_yaml(yaml).expect_err("must be refused").0
+}
+
+#[test]
+fn minimal_config_resolves_with_overrides_and_defaults() {
+    let c = Config::from_yaml(MINIMAL).unwrap();
+    assert_eq!(c.listen.to_string(), "127.0.0.1:18080");
+    assert_eq!(c.max_request_body, 512 * 1024);
+    assert_eq!(c.store.kind, StoreKind::Memory);
+    assert_eq!(c.store.max_bytes, 1024 * 1024);
+    let refund = c.routes.find(&Method::POST, "/api/v1/orders/7/refunds").unwrap();
+    assert_eq!(refund.id, "refund");
+    assert_eq!(refund.engine.retention, Duration::from_secs(30 * 86400));
+    assert_eq!(refund.engine.on_lease_expiry, LeaseExpiry::Fail);
+    assert_eq!(refund.engine.concurrent, Concurrency::Reject);
+    assert_eq!(refund.on_store_error, OnStoreError::FailClosed);
+    assert_eq!(refund.replayed_header.as_str(), "x-idempotent-replayed");
+    assert_eq!(refund.keys.max_len, 64);
+    assert_eq!(refund.upstream.timeout, Duration::from_millis(250));
+    let other = c.routes.find(&Method::PATCH, "/x").unwrap();
+    assert_eq!(other.engine.retention, Duration::from_secs(86400));
+    assert_eq!(other.engine.concurrent, Concurrency::Wait);
+    assert_eq!(other.on_store_error, OnStoreError::FailOpen);
+    assert!(c.routes.find(&Method::GET, "/x").is_none());
+}
+
+#[test]
+fn unknown_keys_are_named_with_their_line() {
+    let yaml = MINIMAL.replace("    timeout: 250ms", "    timeout: 250ms\n    retries: 3");
+    let e = err(&yaml);
+    assert!(e.contains("retries") && e.contains("line 11"), "{e}");
+    let e = err(&MINIMAL.replace("policy: accepted", "policy: accepted\n    colour: red"));
+    assert!(e.contains("colour") && e.contains("line 39"), "{e}");
+}
+
+#[test]
+fn unlanded_features_are_refused_not_ignored() {
+    let e = err(&format!("{MINIMAL}identity:\n  api_keys:\n    file: ./k.yaml\n"));
+    assert!(e.contains("not supported yet") && e.contains("identity") && e.contains("line 40"), "{e}");
+    let e = err(&MINIMAL.replace("policy: accepted", "policy: accepted\n    status: {resource_id: /id, probe: http://x}"));
+    assert!(e.contains("status") && e.contains("not supported yet"), "{e}");
+    let e = err(&MINIMAL.replace("    timeout: 250ms", "    kind: restate"));
+    assert!(e.contains("restate") && e.contains("not supported yet"), "{e}");
+    let e = err(&MINIMAL.replace("kind: memory", "kind: redis"));
+    assert!(e.contains("not supported yet"), "{e}");
+}
+
+#[test]
+fn the_example_file_is_refused_only_for_unlanded_features() {
+    let example = include_str!("../../../../../shared/idemgate.example.yaml");
+    let e = err(example);
+    assert!(e.contains("not supported yet"), "{e}");
+}
+
+#[test]
+fn bad_values_name_the_key() {
+    let e = err(&MINIMAL.replace("retention: 30d", "retention: forever"));
+    assert!(e.contains("forever") && e.contains("line"), "{e}");
+    let e = err(&MINIMAL.replace("upstream: orders\n    policy: required", "upstream: nowhere\n    policy: required"));
+    assert!(e.contains("routes[0] (refund).upstream") && e.contains("line 26"), "{e}");
+    let e = err(&MINIMAL.replace("/api/v1/orders/{order_id}/refunds", "/a/**/b"));
+    assert!(e.contains(".path"), "{e}");
+    let e = err(&MINIMAL.replace("max_key_length: 64", "key_pattern: \"([\""));
+    assert!(e.contains("key_pattern"), "{e}");
+    let e = err(&MINIMAL.replace("id: everything-else", "id: refund"));
+    assert!(e.contains("duplicate"), "{e}");
+}
+
+#[test]
+fn upstream_shortcut() {
+    let c = Config::for_upstream("http://127.0.0.1:3000", None).unwrap();
+    let r = c.routes.find(&Method::POST, "/anything/at/all").unwrap();
+    assert_eq!(r.policy, PolicyKind::Accepted);
+    assert_eq!(r.scope, Scope::Global);
+    assert_eq!(c.store.kind, StoreKind::Embedded);
+    assert_eq!(c.store.path, PathBuf::from("./idemgate-data"));
+    assert!(c.routes.find(&Method::GET, "/x").is_none());
+    assert!(Config::for_upstream("ftp://x", None).is_err());
+}

@@ -1,0 +1,433 @@
+//! The reverse proxy: each request goes through named phases.
+//!
+//! 1. **framing**: refuse ambiguous framing (CL+TE, several Content-Length) before anything is
+//!    read or forwarded.
+//! 2. **route**: method + path template, first match; no match is `not-found`.
+//! 3. **policy**: `required` / `accepted` / `prohibited` / `handler_internal` decide whether the
+//!    key is read, refused, or the request is forwarded untouched.
+//! 4. **dedup**: namespaced key, fingerprint, [`Engine::begin`]; then execute, replay or refuse.
+//! 5. **execute**: the upstream call runs in its own task so a client that disconnects cannot
+//!    cancel it; its outcome is completed or released before the client sees the response.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Uri};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use idemgate_core::engine::{Engine, Execution, Finished, Outcome, Started, is_storable_header};
+use idemgate_core::fingerprint::Fingerprint;
+use idemgate_core::key::{KeyError, parse_header};
+use idemgate_core::namespace::{key_digest, namespaced_key};
+use idemgate_core::record::{Millis, StoredResponse};
+use tokio_util::task::TaskTracker;
+
+use crate::access_log::AccessLog;
+use crate::body::{Body, Prefixed, Read, full, read_limited, stream};
+use crate::config::{Config, OnStoreError, PolicyKind, Route};
+use crate::problem::{Kind, Problem};
+use crate::store::AnyStore;
+
+/// `x-operation-id`: the record's id, identical on the first response and every replay.
+pub const OPERATION_ID: HeaderName = HeaderName::from_static("x-operation-id");
+/// `Idempotency-Expires`: when the stored outcome stops being replayed (RFC 3339).
+pub const IDEMPOTENCY_EXPIRES: HeaderName = HeaderName::from_static("idempotency-expires");
+
+/// Headers that describe one connection, never forwarded in either direction (RFC 9110 7.6.1).
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
+
+/// The gateway: configuration, engine, upstream connection pool, and in-flight executions.
+#[derive(Debug)]
+pub struct Gateway {
+    config: Config,
+    engine: Engine<AnyStore>,
+    client: UpstreamClient,
+    tasks: TaskTracker,
+}
+
+impl Gateway {
+    #[must_use]
+    pub fn new(config: Config, store: AnyStore) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build(connector);
+        Self {
+            config,
+            engine: Engine::new(Arc::new(store)),
+            client,
+            tasks: TaskTracker::new(),
+        }
+    }
+
+    #[must_use]
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Executions still running (their upstream call and record update), for graceful shutdown.
+    #[must_use]
+    pub fn tasks(&self) -> &TaskTracker {
+        &self.tasks
+    }
+
+    /// Handles one request and writes its access-log line.
+    pub async fn handle(self: Arc<Self>, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let mut log = AccessLog::new(req.method());
+        let resp = match self.route(req, peer, &mut log).await {
+            Ok(resp) => resp,
+            Err(problem) => {
+                if log.outcome == "forwarded" {
+                    log.outcome = "refused";
+                }
+                problem.into_response()
+            }
+        };
+        log.emit(resp.status().as_u16());
+        resp
+    }
+
+    async fn route(self: &Arc<Self>, req: Request<Incoming>, peer: SocketAddr, log: &mut AccessLog) -> Result<Response<Body>, Problem> {
+        check_framing(req.headers())?;
+        let Some(route) = self.config.routes.find(req.method(), req.uri().path()).cloned() else {
+            return Err(Problem::new(Kind::NotFound, "no route matches this method and path"));
+        };
+        log.endpoint.clone_from(&route.id);
+        log.policy = policy_name(route.policy);
+        let key_lines = || req.headers().get_all(&route.header).iter().map(HeaderValue::as_bytes);
+        let raw = match route.policy {
+            PolicyKind::HandlerInternal => None,
+            PolicyKind::Prohibited => {
+                if key_lines().next().is_some() {
+                    return Err(Problem::new(
+                        Kind::KeyNotAllowed,
+                        format!("this endpoint does not take an {} header", route.header),
+                    ));
+                }
+                None
+            }
+            PolicyKind::Required | PolicyKind::Accepted | PolicyKind::Webhook => {
+                let raw = parse_header(key_lines()).and_then(|raw| match raw {
+                    Some(k) => route.keys.validate(&k).map(|()| Some(k)),
+                    None => Ok(None),
+                });
+                match raw {
+                    Err(e) => return Err(invalid_key(&e)),
+                    Ok(None) if route.policy == PolicyKind::Required => {
+                        return Err(Problem::new(
+                            Kind::MissingKey,
+                            format!("this endpoint requires an {} header", route.header),
+                        ));
+                    }
+                    Ok(raw) => raw,
+                }
+            }
+        };
+        let (parts, body) = req.into_parts();
+        let body = match read_limited(body, self.config.max_request_body).await {
+            Ok(Read::Complete(b)) => b,
+            Ok(Read::TooLarge(..)) => {
+                return Err(Problem::new(
+                    Kind::PayloadTooLarge,
+                    format!("the body is over {} bytes", self.config.max_request_body),
+                )
+                .close());
+            }
+            Err(_) => return Err(Problem::new(Kind::BadRequest, "the request body could not be read").close()),
+        };
+        let Some(raw) = raw else {
+            return self.forward(&route, parts, body, peer).await;
+        };
+        log.case = "A";
+        log.source = "header";
+        let Ok(key) = namespaced_key(route.scope, None, &raw) else {
+            return Err(Problem::new(Kind::Unauthenticated, "this endpoint needs an authenticated caller"));
+        };
+        log.key_digest = key_digest(&key);
+        self.dedup(route, parts, body, peer, key, log).await
+    }
+
+    async fn dedup(
+        self: &Arc<Self>,
+        route: Arc<Route>,
+        parts: http::request::Parts,
+        body: Bytes,
+        peer: SocketAddr,
+        key: String,
+        log: &mut AccessLog,
+    ) -> Result<Response<Body>, Problem> {
+        let content_type = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+        let pq = parts.uri.path_and_query().map_or("/", http::uri::PathAndQuery::as_str);
+        let fingerprint = Fingerprint::compute(&route.id, parts.method.as_str(), pq, content_type, &body);
+        let started = match self.engine.begin(&key, &route.id, fingerprint, &route.engine).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, endpoint = %route.id, "store error");
+                return match route.on_store_error {
+                    OnStoreError::FailClosed => {
+                        Err(Problem::new(Kind::StoreUnavailable, "the idempotency store is unavailable").retry_after(1))
+                    }
+                    OnStoreError::FailOpen => {
+                        log.outcome = "fail_open";
+                        self.forward(&route, parts, body, peer).await
+                    }
+                };
+            }
+        };
+        match started {
+            Started::Execute(exec) => {
+                log.operation_id = exec.operation_id().to_owned();
+                log.outcome = "executed";
+                let this = self.clone();
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                // Spawned and tracked: if the client goes away, the upstream call still runs to
+                // its end and its outcome is recorded.
+                self.tasks.spawn(async move {
+                    let resp = this.execute(&route, parts, body, peer, key, exec).await;
+                    let _ = tx.send(resp);
+                });
+                rx.await
+                    .unwrap_or_else(|_| Err(Problem::new(Kind::UpstreamUnavailable, "the execution failed")))
+            }
+            Started::Replay {
+                response,
+                operation_id,
+                expires_at,
+            } => {
+                log.cache_hit = true;
+                log.outcome = "replayed";
+                log.operation_id.clone_from(&operation_id);
+                Ok(replay(&route, response, &operation_id, expires_at))
+            }
+            Started::NotRetained {
+                status,
+                operation_id,
+                ..
+            } => Err(Problem::new(
+                Kind::ResponseNotRetained,
+                format!("the original request completed with status {status}, but its body was too large to keep"),
+            )
+            .operation(operation_id)),
+            Started::Mismatch { operation_id } => Err(Problem::new(
+                Kind::KeyReused,
+                "this key was used for a request with a different body, method or endpoint",
+            )
+            .operation(operation_id)),
+            Started::InFlight {
+                operation_id,
+                retry_after,
+            } => Err(Problem::new(Kind::RequestInFlight, "a request with this key is still being processed")
+                .operation(operation_id)
+                .retry_after(retry_after.as_secs())),
+            Started::OutcomeUnknown { operation_id } => Err(Problem::new(
+                Kind::OutcomeUnknown,
+                "the request with this key was interrupted; an operator must resolve it before the key can be used again",
+            )
+            .operation(operation_id)),
+        }
+    }
+
+    /// Calls the upstream as the key's owner and records the outcome.
+    async fn execute(
+        &self,
+        route: &Route,
+        parts: http::request::Parts,
+        body: Bytes,
+        peer: SocketAddr,
+        key: String,
+        exec: Execution<AnyStore>,
+    ) -> Result<Response<Body>, Problem> {
+        let op = exec.operation_id().to_owned();
+        let upstream = self.call_upstream(route, parts, body, peer, Some((&key, &op))).await;
+        let resp = match upstream {
+            Ok(resp) => resp,
+            Err(problem) => {
+                finish(exec, Outcome::NoResponse).await;
+                return Err(problem.operation(op));
+            }
+        };
+        let (mut head, body) = resp.into_parts();
+        let (stored_body, rest) = match read_limited(body, route.engine.max_response_bytes).await {
+            Ok(Read::Complete(b)) => (Some(b.clone()), full(b)),
+            Ok(Read::TooLarge(prefix, rest)) => (None, stream(Prefixed::new(prefix, rest))),
+            Err(_) => {
+                finish(exec, Outcome::NoResponse).await;
+                return Err(Problem::new(Kind::UpstreamUnavailable, "the upstream response broke off").operation(op));
+            }
+        };
+        strip_hop_by_hop(&mut head.headers);
+        let stored = StoredResponse {
+            status: head.status.as_u16(),
+            headers: storable_headers(&head.headers),
+            body: stored_body,
+        };
+        if let Some(Finished::Completed { expires_at }) = finish(exec, Outcome::Response(stored)).await {
+            head.headers.insert(IDEMPOTENCY_EXPIRES, rfc3339(expires_at));
+        }
+        head.headers.insert(OPERATION_ID, header_value(&op));
+        Ok(Response::from_parts(head, rest))
+    }
+
+    /// Forwards without deduplication.
+    async fn forward(
+        &self,
+        route: &Route,
+        parts: http::request::Parts,
+        body: Bytes,
+        peer: SocketAddr,
+    ) -> Result<Response<Body>, Problem> {
+        let resp = self.call_upstream(route, parts, body, peer, None).await?;
+        let (mut head, body) = resp.into_parts();
+        strip_hop_by_hop(&mut head.headers);
+        Ok(Response::from_parts(head, stream(body)))
+    }
+
+    async fn call_upstream(
+        &self,
+        route: &Route,
+        mut parts: http::request::Parts,
+        body: Bytes,
+        peer: SocketAddr,
+        dedup: Option<(&str, &str)>,
+    ) -> Result<Response<Incoming>, Problem> {
+        let uri = upstream_uri(&route.upstream.base, &parts.uri)
+            .map_err(|()| Problem::new(Kind::BadRequest, "the request target cannot be forwarded"))?;
+        let headers = &mut parts.headers;
+        strip_hop_by_hop(headers);
+        if let Some(host) = headers.remove(header::HOST) {
+            headers.insert(HeaderName::from_static("x-forwarded-host"), host);
+        }
+        headers.append(HeaderName::from_static("x-forwarded-for"), header_value(&peer.ip().to_string()));
+        headers.insert(HeaderName::from_static("x-forwarded-proto"), HeaderValue::from_static("http"));
+        if let Some((key, op)) = dedup {
+            // The upstream sees the namespaced key, so its own dedup (if any) is tenant-safe too.
+            headers.insert(route.header.clone(), header_value(key));
+            headers.insert(OPERATION_ID, header_value(op));
+        }
+        parts.uri = uri;
+        parts.version = http::Version::HTTP_11;
+        let req = Request::from_parts(parts, Full::new(body));
+        match tokio::time::timeout(route.upstream.timeout, self.client.request(req)).await {
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(e)) => {
+                tracing::warn!(upstream = %route.upstream.name, error = %e, "upstream request failed");
+                Err(Problem::new(Kind::UpstreamUnavailable, "the upstream could not be reached").retry_after(1))
+            }
+            Err(_) => Err(Problem::new(Kind::UpstreamTimeout, "the upstream did not answer in time").retry_after(1)),
+        }
+    }
+}
+
+async fn finish(exec: Execution<AnyStore>, outcome: Outcome) -> Option<Finished> {
+    match exec.finish(outcome).await {
+        Ok(f) => Some(f),
+        Err(e) => {
+            // The response still goes to the client: the upstream ran. The record stays in
+            // flight and the lease rule decides what a retry gets.
+            tracing::error!(error = %e, "could not record the outcome");
+            None
+        }
+    }
+}
+
+fn replay(route: &Route, stored: StoredResponse, operation_id: &str, expires_at: Millis) -> Response<Body> {
+    let mut resp = Response::new(full(stored.body.unwrap_or_default()));
+    *resp.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+    let h = resp.headers_mut();
+    for (name, value) in stored.headers {
+        if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_maybe_shared(value)) {
+            h.append(n, v);
+        }
+    }
+    h.insert(route.replayed_header.clone(), HeaderValue::from_static("true"));
+    h.insert(OPERATION_ID, header_value(operation_id));
+    h.insert(IDEMPOTENCY_EXPIRES, rfc3339(expires_at));
+    resp
+}
+
+/// Refuses the framings that let a front and a back end disagree on where a request ends.
+fn check_framing(h: &HeaderMap) -> Result<(), Problem> {
+    let lengths = h.get_all(header::CONTENT_LENGTH).iter().count();
+    if lengths > 1 {
+        return Err(Problem::new(Kind::BadRequest, "several Content-Length headers").close());
+    }
+    if lengths == 1 && h.contains_key(header::TRANSFER_ENCODING) {
+        return Err(Problem::new(Kind::BadRequest, "both Content-Length and Transfer-Encoding").close());
+    }
+    Ok(())
+}
+
+fn invalid_key(e: &KeyError) -> Problem {
+    Problem::new(Kind::InvalidKey, e.to_string()).reason(e.reason.as_str())
+}
+
+fn policy_name(p: PolicyKind) -> &'static str {
+    match p {
+        PolicyKind::Required => "required",
+        PolicyKind::Accepted => "accepted",
+        PolicyKind::Prohibited => "prohibited",
+        PolicyKind::Webhook => "webhook",
+        PolicyKind::HandlerInternal => "handler_internal",
+    }
+}
+
+fn strip_hop_by_hop(h: &mut HeaderMap) {
+    // Headers named in Connection are hop-by-hop too.
+    let named: Vec<HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        h.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        h.remove(*name);
+    }
+}
+
+fn storable_headers(h: &HeaderMap) -> Vec<(String, Bytes)> {
+    h.iter()
+        .filter(|(n, _)| is_storable_header(n.as_str()))
+        .map(|(n, v)| (n.as_str().to_owned(), Bytes::copy_from_slice(v.as_bytes())))
+        .collect()
+}
+
+fn upstream_uri(base: &Uri, incoming: &Uri) -> Result<Uri, ()> {
+    let pq = incoming.path_and_query().map_or("/", http::uri::PathAndQuery::as_str);
+    let prefix = base.path().trim_end_matches('/');
+    let mut parts = base.clone().into_parts();
+    parts.path_and_query = Some(format!("{prefix}{pq}").parse().map_err(|_| ())?);
+    Uri::from_parts(parts).map_err(|_| ())
+}
+
+fn header_value(s: &str) -> HeaderValue {
+    HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+}
+
+fn rfc3339(at: Millis) -> HeaderValue {
+    let t = UNIX_EPOCH + Duration::from_millis(at);
+    header_value(&humantime::format_rfc3339_seconds(t.max(SystemTime::UNIX_EPOCH)).to_string())
+}

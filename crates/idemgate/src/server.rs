@@ -1,0 +1,82 @@
+//! The listener: accepts connections, serves HTTP/1.1, and shuts down gracefully.
+//!
+//! On the shutdown signal it stops accepting, lets open connections finish their current
+//! request, then waits for executions still running upstream so that each one completes or
+//! releases its record. Both waits are bounded by `server.shutdown_timeout`.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+
+use crate::proxy::Gateway;
+
+/// How long a client may take to send its request head (slow-header defence).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves until `shutdown` resolves, then drains.
+pub async fn serve(gateway: Arc<Gateway>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    let graceful = GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .keep_alive(true);
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let gw = gateway.clone();
+        let svc = service_fn(move |req| {
+            let gw = gw.clone();
+            async move { Ok::<_, Infallible>(gw.handle(req, peer).await) }
+        });
+        let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), svc));
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    let grace = gateway.config().shutdown_timeout;
+    tracing::info!("shutting down: finishing in-flight requests");
+    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+        tracing::warn!("connections still open after the shutdown timeout");
+    }
+    gateway.tasks().close();
+    if tokio::time::timeout(grace, gateway.tasks().wait()).await.is_err() {
+        tracing::warn!("executions still running after the shutdown timeout; their leases will expire");
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        () = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
