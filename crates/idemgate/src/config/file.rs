@@ -11,25 +11,28 @@ use serde::{Deserialize, Deserializer};
 /// Declares a field type that refuses any value with a "not supported yet" error, so the YAML
 /// parser reports it with its line.
 macro_rules! not_yet {
-    ($name:ident, $what:literal) => {
+    ($name:ident, $key:literal, $what:literal) => {
         #[derive(Debug)]
         pub struct $name;
         impl<'de> Deserialize<'de> for $name {
-            fn deserialize<D: Deserializer<'de>>(_: D) -> Result<Self, D::Error> {
-                Err(serde::de::Error::custom(concat!($what, " is not supported yet")))
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                // Consume the value first so the parser reports the error at its position.
+                serde::de::IgnoredAny::deserialize(d)?;
+                Err(serde::de::Error::custom(concat!("`", $key, "`: ", $what, " is not supported yet")))
             }
         }
     };
 }
 
-not_yet!(IdentityNotYet, "`identity` (API keys, JWT, trusted headers)");
-not_yet!(WebhooksNotYet, "`webhooks` (case B providers)");
-not_yet!(StatusNotYet, "route `status` (status probes)");
-not_yet!(TargetNotYet, "route `target` (Restate upstreams)");
-not_yet!(ProviderNotYet, "route `provider` (webhooks)");
-not_yet!(AdminNotYet, "the admin listener (`admin_listen`, `admin_token_env`)");
-not_yet!(PublicUrlNotYet, "`public_base_url` (webhook signing)");
-not_yet!(AdminUrlNotYet, "upstream `admin_url` (Restate retention)");
+not_yet!(IdentityNotYet, "identity", "identity (API keys, JWT, trusted headers)");
+not_yet!(WebhooksNotYet, "webhooks", "webhooks (case B providers)");
+not_yet!(StatusNotYet, "status", "the status probe");
+not_yet!(TargetNotYet, "target", "a Restate target");
+not_yet!(ProviderNotYet, "provider", "a webhook provider");
+not_yet!(AdminNotYet, "admin_listen", "the admin listener");
+not_yet!(AdminTokenNotYet, "admin_token_env", "the admin listener");
+not_yet!(PublicUrlNotYet, "public_base_url", "webhook URL signing");
+not_yet!(AdminUrlNotYet, "admin_url", "Restate retention");
 
 /// A duration written as `250ms`, `30s`, `10m`, `24h`, `7d`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,7 +109,7 @@ pub struct FileConfig {
 pub struct ServerFile {
     pub listen: Option<String>,
     pub admin_listen: Option<AdminNotYet>,
-    pub admin_token_env: Option<AdminNotYet>,
+    pub admin_token_env: Option<AdminTokenNotYet>,
     pub max_request_body: Option<Size>,
     pub public_base_url: Option<PublicUrlNotYet>,
     /// How long a graceful shutdown waits for in-flight requests (default 30s).

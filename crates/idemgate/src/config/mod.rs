@@ -78,7 +78,7 @@ impl Config {
     /// Syntax, unknown or unsupported keys, bad values, dangling references.
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
         let file: FileConfig =
-            serde_yaml_ng::from_str(text).map_err(|e| ConfigError(describe_yaml_error(&e)))?;
+            serde_yaml_ng::from_str(text).map_err(|e| ConfigError(describe_yaml_error(&e, text)))?;
         resolve(file, text)
     }
 
@@ -110,12 +110,31 @@ impl Config {
     }
 }
 
-/// serde_yaml_ng reports "at line L column C"; keep its message and make the key explicit.
-fn describe_yaml_error(e: &serde_yaml_ng::Error) -> String {
-    match e.location() {
-        Some(loc) => format!("line {}: {}", loc.line(), strip_location(&e.to_string())),
-        None => e.to_string(),
+/// serde_yaml_ng reports "at line L column C"; keep its message and put the line first. For
+/// refusals raised inside a value (not-yet-supported keys) it reports the enclosing mapping, so
+/// those are located by their key instead.
+fn describe_yaml_error(e: &serde_yaml_ng::Error, text: &str) -> String {
+    let msg = strip_location(&e.to_string()).to_owned();
+    let by_key = msg
+        .strip_prefix('`')
+        .and_then(|m| m.split_once("`: "))
+        .filter(|_| msg.ends_with("is not supported yet"))
+        .and_then(|(key, _)| key_line(text, key));
+    match (by_key, e.location()) {
+        (Some(line), _) => format!("line {line}: {msg}"),
+        (None, Some(loc)) => format!("line {}: {msg}", loc.line()),
+        (None, None) => msg,
     }
+}
+
+/// The 1-based line where `key:` first appears as a mapping key.
+fn key_line(text: &str, key: &str) -> Option<usize> {
+    text.lines()
+        .position(|l| {
+            let l = l.trim_start().trim_start_matches("- ").trim_start();
+            l.strip_prefix(key).is_some_and(|rest| rest.starts_with(':'))
+        })
+        .map(|i| i + 1)
 }
 
 fn strip_location(msg: &str) -> &str {
