@@ -136,25 +136,38 @@ impl<S: Store> std::fmt::Debug for Started<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Execute(e) => f.debug_tuple("Execute").field(e).finish(),
-            Self::Replay { response, operation_id, .. } => f
+            Self::Replay {
+                response,
+                operation_id,
+                ..
+            } => f
                 .debug_struct("Replay")
                 .field("status", &response.status)
                 .field("operation_id", operation_id)
                 .finish_non_exhaustive(),
-            Self::NotRetained { status, operation_id, .. } => f
+            Self::NotRetained {
+                status, operation_id, ..
+            } => f
                 .debug_struct("NotRetained")
                 .field("status", status)
                 .field("operation_id", operation_id)
                 .finish_non_exhaustive(),
-            Self::Mismatch { operation_id } => f.debug_struct("Mismatch").field("operation_id", operation_id).finish(),
-            Self::InFlight { operation_id, retry_after } => f
+            Self::Mismatch { operation_id } => f
+                .debug_struct("Mismatch")
+                .field("operation_id", operation_id)
+                .finish(),
+            Self::InFlight {
+                operation_id,
+                retry_after,
+            } => f
                 .debug_struct("InFlight")
                 .field("operation_id", operation_id)
                 .field("retry_after", retry_after)
                 .finish(),
-            Self::OutcomeUnknown { operation_id } => {
-                f.debug_struct("OutcomeUnknown").field("operation_id", operation_id).finish()
-            }
+            Self::OutcomeUnknown { operation_id } => f
+                .debug_struct("OutcomeUnknown")
+                .field("operation_id", operation_id)
+                .finish(),
         }
     }
 }

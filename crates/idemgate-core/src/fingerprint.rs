@@ -220,13 +220,7 @@ mod tests {
     #[test]
     fn stable_known_value() {
         // Pins the layout: a change here invalidates every stored record, so bump DOMAIN.
-        let a = fp(
-            "orders",
-            "post",
-            "/orders?b=2&a=1",
-            JSON,
-            br#"{"b":1,"a":2}"#,
-        );
+        let a = fp("orders", "post", "/orders?b=2&a=1", JSON, br#"{"b":1,"a":2}"#);
         let b = fp(
             "orders",
             "POST",
@@ -271,22 +265,13 @@ mod tests {
         // Same concatenation (after the method is uppercased), different fields.
         assert_ne!(fp("aB", "C", "/", None, b""), fp("a", "BC", "/", None, b""));
         assert_ne!(fp("A", "", "/", None, b""), fp("", "A", "/", None, b""));
-        assert_ne!(
-            fp("r", "POST", "", None, b"/"),
-            fp("r", "POST", "/", None, b"")
-        );
+        assert_ne!(fp("r", "POST", "", None, b"/"), fp("r", "POST", "/", None, b""));
     }
 
     #[test]
     fn method_is_case_insensitive() {
-        assert_eq!(
-            fp("r", "post", "/", None, b""),
-            fp("r", "POST", "/", None, b"")
-        );
-        assert_ne!(
-            fp("r", "PUT", "/", None, b""),
-            fp("r", "POST", "/", None, b"")
-        );
+        assert_eq!(fp("r", "post", "/", None, b""), fp("r", "POST", "/", None, b""));
+        assert_ne!(fp("r", "PUT", "/", None, b""), fp("r", "POST", "/", None, b""));
     }
 
     #[test]
@@ -349,10 +334,7 @@ mod tests {
 
     #[test]
     fn invalid_json_falls_back_to_raw_bytes() {
-        assert_eq!(
-            fp_json("{not json"),
-            fp("r", "POST", "/x", None, b"{not json")
-        );
+        assert_eq!(fp_json("{not json"), fp("r", "POST", "/x", None, b"{not json"));
         assert_ne!(fp_json("{not json"), fp_json("{not  json"));
         assert_eq!(fp_json(""), fp("r", "POST", "/x", None, b""));
     }
@@ -451,10 +433,7 @@ mod tests {
                 join('{', items.collect(), '}')
             }
             Value::Array(items) => {
-                let items = items
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| scramble(v, mix(seed, &i)));
+                let items = items.iter().enumerate().map(|(i, v)| scramble(v, mix(seed, &i)));
                 join('[', items.collect(), ']')
             }
             scalar => scalar.to_string(),

@@ -135,10 +135,7 @@ impl KeyRules {
             None if max_len <= DEFAULT_MAX_KEY_LEN => Regex::new(DEFAULT_KEY_PATTERN)?,
             None => Regex::new(DEFAULT_CHARSET_PATTERN)?,
         };
-        let reserved_prefixes = reserved_prefixes
-            .into_iter()
-            .filter(|p| !p.is_empty())
-            .collect();
+        let reserved_prefixes = reserved_prefixes.into_iter().filter(|p| !p.is_empty()).collect();
         Ok(Self {
             max_len,
             pattern,
@@ -213,17 +210,13 @@ fn starts_with_ignore_ascii_case(s: &str, prefix: &str) -> bool {
 /// # Errors
 ///
 /// A [`KeyError`] with [`KeyReason::Syntax`], as listed above.
-pub fn parse_header<'a>(
-    values: impl IntoIterator<Item = &'a [u8]>,
-) -> Result<Option<String>, KeyError> {
+pub fn parse_header<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Result<Option<String>, KeyError> {
     let mut values = values.into_iter();
     let Some(first) = values.next() else {
         return Ok(None);
     };
     if values.next().is_some() {
-        return Err(KeyError::syntax(
-            "the Idempotency-Key header must appear once",
-        ));
+        return Err(KeyError::syntax("the Idempotency-Key header must appear once"));
     }
     let value = trim_ows(first);
     let key = match value.first() {
@@ -523,14 +516,7 @@ mod tests {
     #[test]
     fn malformed_values_are_refused() {
         // Unterminated, trailing garbage, two strings, stray quote, inner whitespace.
-        assert_syntax(&[
-            "\"abc",
-            "\"abc\"def",
-            "\"abc\"\"def\"",
-            "ab\"c",
-            "a b",
-            "a\tb",
-        ]);
+        assert_syntax(&["\"abc", "\"abc\"def", "\"abc\"\"def\"", "ab\"c", "a b", "a\tb"]);
     }
 
     #[test]

@@ -18,12 +18,14 @@ use crate::store::{Store, StoreError};
 
 const SHARDS: usize = 64;
 
+type Shard = Mutex<HashMap<Box<str>, Record>>;
+
 /// A sharded in-memory record store.
 pub struct MemoryStore {
     hasher: RandomState,
     // std Mutex rather than tokio's: every critical section is a map operation that never awaits,
     // and 64 shards keep contention low without a global lock.
-    shards: Box<[Mutex<HashMap<Box<str>, Record>>]>,
+    shards: Box<[Shard]>,
     used: AtomicUsize,
     max_bytes: usize,
     notifier: Arc<Notifier>,

@@ -86,11 +86,7 @@ pub struct Principal {
 }
 
 impl Principal {
-    pub fn new(
-        tenant: impl Into<String>,
-        project: impl Into<String>,
-        subject: impl Into<String>,
-    ) -> Self {
+    pub fn new(tenant: impl Into<String>, project: impl Into<String>, subject: impl Into<String>) -> Self {
         Self {
             tenant: tenant.into(),
             project: project.into(),
@@ -281,10 +277,7 @@ mod tests {
             assert_eq!(s.as_str(), name);
             assert_eq!(s.to_string(), name);
             assert_eq!(serde_json::to_string(&s).unwrap(), format!("\"{name}\""));
-            assert_eq!(
-                serde_json::from_str::<Scope>(&format!("\"{name}\"")).unwrap(),
-                s
-            );
+            assert_eq!(serde_json::from_str::<Scope>(&format!("\"{name}\"")).unwrap(), s);
         }
         assert!(serde_json::from_str::<Scope>("\"Global\"").is_err());
         assert!(!Scope::Global.needs_principal());
@@ -383,10 +376,7 @@ mod tests {
             }
         );
         let g = parse_namespaced("t-*:*:*:a%3Ab").unwrap();
-        assert_eq!(
-            (g.scope, g.tenant, g.raw.as_str()),
-            (Scope::Global, None, "a:b")
-        );
+        assert_eq!((g.scope, g.tenant, g.raw.as_str()), (Scope::Global, None, "a:b"));
     }
 
     #[test]
@@ -420,9 +410,10 @@ mod tests {
         let k = namespaced_key(Scope::Subject, Some(&alice()), "secret-key").unwrap();
         let d = key_digest(&k);
         assert_eq!(d.len(), 16);
-        assert!(d
-            .bytes()
-            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert!(
+            d.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
         assert_eq!(d, key_digest(&k));
         assert_ne!(d, key_digest("t-*:*:*:secret-key"));
         // sha256("") starts with e3b0c442...
@@ -471,11 +462,7 @@ mod tests {
         for (at, swallow) in cuts {
             let at = at.max(start);
             parts.push(chars[start..at].iter().collect::<String>());
-            start = if swallow && at < chars.len() {
-                at + 1
-            } else {
-                at
-            };
+            start = if swallow && at < chars.len() { at + 1 } else { at };
         }
         parts.push(chars[start..].iter().collect());
         let raw = parts.pop().unwrap_or_default();

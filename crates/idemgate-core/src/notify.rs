@@ -14,11 +14,13 @@ use tokio::sync::Notify;
 
 const SHARDS: usize = 32;
 
+type Shard = Mutex<HashMap<Box<str>, Entry>>;
+
 /// Per-key notification registry. Keys with no subscriber cost nothing.
 pub struct Notifier {
     hasher: RandomState,
     // A std Mutex: the critical sections are a hash-map lookup and never await.
-    shards: Box<[Mutex<HashMap<Box<str>, Entry>>]>,
+    shards: Box<[Shard]>,
 }
 
 struct Entry {
@@ -42,7 +44,7 @@ impl std::fmt::Debug for Notifier {
 }
 
 impl Notifier {
-    fn shard(&self, key: &str) -> &Mutex<HashMap<Box<str>, Entry>> {
+    fn shard(&self, key: &str) -> &Shard {
         let i = usize::try_from(self.hasher.hash_one(key)).unwrap_or(0) % SHARDS;
         &self.shards[i]
     }

@@ -58,11 +58,7 @@ impl StoredResponse {
     /// Approximate heap size, used by the memory store's byte budget.
     #[must_use]
     pub fn approx_bytes(&self) -> usize {
-        let headers: usize = self
-            .headers
-            .iter()
-            .map(|(n, v)| n.len() + v.len() + 48)
-            .sum();
+        let headers: usize = self.headers.iter().map(|(n, v)| n.len() + v.len() + 48).sum();
         headers + self.body.as_ref().map_or(0, Bytes::len) + 32
     }
 }
@@ -71,10 +67,7 @@ impl StoredResponse {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RecordState {
     /// An owner holds the key while the upstream runs.
-    InFlight {
-        token: LeaseToken,
-        lease_until: Millis,
-    },
+    InFlight { token: LeaseToken, lease_until: Millis },
     /// The outcome is final and replayed until `expires_at`.
     Completed {
         token: LeaseToken,

@@ -63,17 +63,19 @@ pub struct Fenced;
 #[must_use]
 pub fn begin(existing: Option<&Record>, req: &BeginRequest<'_>) -> (Begin, Write) {
     let Some(rec) = existing.filter(|r| r.is_live(req.now)) else {
-        let generation = existing.map_or(0, |r| r.generation) + 1;
-        return acquire(req, req.operation_id.to_owned(), generation, false);
+        // Absent, or expired and so gone whether or not a sweep has removed it yet: a first
+        // owner, generation 1 (never counting on from an expired record the sweep may keep).
+        return acquire(req, req.operation_id.to_owned(), 1, false);
     };
     let same = rec.fingerprint.ct_eq(&req.fingerprint) && rec.route == req.route;
     match &rec.state {
         RecordState::InFlight { token, .. } if *token == req.token => (
-            // The same attempt, retried after its first begin took effect.
+            // The same attempt, retried after its first begin took effect: the same answer.
+            // Generation 1 is a first owner, every later one took over an expired lease.
             Begin::Acquired {
                 operation_id: rec.operation_id.clone(),
                 generation: rec.generation,
-                took_over: false,
+                took_over: rec.generation > 1,
             },
             Write::Keep,
         ),
@@ -104,12 +106,7 @@ pub fn begin(existing: Option<&Record>, req: &BeginRequest<'_>) -> (Begin, Write
     }
 }
 
-fn acquire(
-    req: &BeginRequest<'_>,
-    operation_id: String,
-    generation: u64,
-    took_over: bool,
-) -> (Begin, Write) {
+fn acquire(req: &BeginRequest<'_>, operation_id: String, generation: u64, took_over: bool) -> (Begin, Write) {
     let record = Record {
         state: RecordState::InFlight {
             token: req.token,
@@ -145,7 +142,8 @@ pub fn complete(
     retention_ms: u64,
     now: Millis,
 ) -> Result<Write, Fenced> {
-    let Some(rec) = existing else {
+    // An expired record is gone (the owner lost it), whether or not a sweep has removed it yet.
+    let Some(rec) = existing.filter(|r| r.is_live(now)) else {
         return Err(Fenced);
     };
     match &rec.state {

@@ -86,7 +86,11 @@ pub trait Store: Send + Sync + 'static {
 }
 
 impl<S: Store> Store for Arc<S> {
-    fn begin(&self, key: &str, req: &BeginRequest<'_>) -> impl Future<Output = Result<Begin, StoreError>> + Send {
+    fn begin(
+        &self,
+        key: &str,
+        req: &BeginRequest<'_>,
+    ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
         (**self).begin(key, req)
     }
     fn complete(

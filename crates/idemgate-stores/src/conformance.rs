@@ -8,11 +8,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idemgate_core::Fingerprint;
 use idemgate_core::engine::{Engine, Outcome, Policy, Started};
 use idemgate_core::record::{LeaseToken, Millis, RecordState, StoredResponse, now_millis};
 use idemgate_core::rules::{Begin, BeginRequest};
 use idemgate_core::store::{Store, StoreError};
-use idemgate_core::Fingerprint;
 
 /// A key unique to this call.
 #[must_use]
@@ -46,7 +46,10 @@ fn response(body: &[u8]) -> StoredResponse {
 }
 
 fn assert_acquired(b: &Begin) {
-    assert!(matches!(b, Begin::Acquired { .. }), "expected Acquired, got {b:?}");
+    assert!(
+        matches!(b, Begin::Acquired { .. }),
+        "expected Acquired, got {b:?}"
+    );
 }
 
 /// N concurrent begins on one key: exactly one acquires, the rest see it in flight.
@@ -56,7 +59,11 @@ pub async fn concurrent_begin_race<S: Store>(store: Arc<S>) {
     let tasks: Vec<_> = (0..32)
         .map(|_| {
             let (store, key) = (store.clone(), key.clone());
-            tokio::spawn(async move { store.begin(&key, &req(LeaseToken::random(), fp(1), now, true)).await })
+            tokio::spawn(async move {
+                store
+                    .begin(&key, &req(LeaseToken::random(), fp(1), now, true))
+                    .await
+            })
         })
         .collect();
     let mut acquired = 0;
@@ -77,22 +84,38 @@ pub async fn replay_and_mismatch<S: Store>(store: Arc<S>) {
     let owner = LeaseToken::random();
     assert_acquired(&store.begin(&key, &req(owner, fp(1), now, true)).await.unwrap());
     // In flight with another fingerprint: mismatch, not a wait.
-    let other = store.begin(&key, &req(LeaseToken::random(), fp(2), now, true)).await.unwrap();
+    let other = store
+        .begin(&key, &req(LeaseToken::random(), fp(2), now, true))
+        .await
+        .unwrap();
     assert!(matches!(other, Begin::Mismatch { .. }), "{other:?}");
-    store.complete(&key, owner, response(b"{\"id\":1}"), 60_000, now).await.unwrap();
-    match store.begin(&key, &req(LeaseToken::random(), fp(1), now + 1, true)).await.unwrap() {
+    store
+        .complete(&key, owner, response(b"{\"id\":1}"), 60_000, now)
+        .await
+        .unwrap();
+    match store
+        .begin(&key, &req(LeaseToken::random(), fp(1), now + 1, true))
+        .await
+        .unwrap()
+    {
         Begin::Replay(rec) => match rec.state {
             RecordState::Completed { response: r, .. } => assert_eq!(r, response(b"{\"id\":1}")),
             s @ RecordState::InFlight { .. } => panic!("replayed an in-flight record {s:?}"),
         },
         other => panic!("expected Replay, got {other:?}"),
     }
-    let other = store.begin(&key, &req(LeaseToken::random(), fp(2), now + 1, true)).await.unwrap();
+    let other = store
+        .begin(&key, &req(LeaseToken::random(), fp(2), now + 1, true))
+        .await
+        .unwrap();
     assert!(matches!(other, Begin::Mismatch { .. }), "{other:?}");
     // Same fingerprint, other route: also a mismatch.
     let mut on_b = req(LeaseToken::random(), fp(1), now + 1, true);
     on_b.route = "route-b";
-    assert!(matches!(store.begin(&key, &on_b).await.unwrap(), Begin::Mismatch { .. }));
+    assert!(matches!(
+        store.begin(&key, &on_b).await.unwrap(),
+        Begin::Mismatch { .. }
+    ));
 }
 
 /// An expired lease is taken over (retry) or reported (fail); the stale owner is fenced out.
@@ -102,23 +125,41 @@ pub async fn lease_expiry_takeover_and_fencing<S: Store>(store: Arc<S>) {
     let stale = LeaseToken::random();
     assert_acquired(&store.begin(&key, &req(stale, fp(1), now, true)).await.unwrap());
     let later = now + 1_001;
-    let refused = store.begin(&key, &req(LeaseToken::random(), fp(1), later, false)).await.unwrap();
+    let refused = store
+        .begin(&key, &req(LeaseToken::random(), fp(1), later, false))
+        .await
+        .unwrap();
     assert!(matches!(refused, Begin::LeaseExpired { .. }), "{refused:?}");
     let fresh = LeaseToken::random();
     match store.begin(&key, &req(fresh, fp(1), later, true)).await.unwrap() {
-        Begin::Acquired { took_over, generation, .. } => {
+        Begin::Acquired {
+            took_over,
+            generation,
+            ..
+        } => {
             assert!(took_over);
             assert_eq!(generation, 2);
         }
         other => panic!("expected takeover, got {other:?}"),
     }
-    let err = store.complete(&key, stale, response(b"late"), 60_000, later).await;
-    assert!(matches!(err, Err(StoreError::Fenced(_))), "stale complete: {err:?}");
+    let err = store
+        .complete(&key, stale, response(b"late"), 60_000, later)
+        .await;
+    assert!(
+        matches!(err, Err(StoreError::Fenced(_))),
+        "stale complete: {err:?}"
+    );
     let err = store.release(&key, stale).await;
-    assert!(matches!(err, Err(StoreError::Fenced(_))), "stale release: {err:?}");
+    assert!(
+        matches!(err, Err(StoreError::Fenced(_))),
+        "stale release: {err:?}"
+    );
     let err = store.renew(&key, stale, later + 5_000).await;
     assert!(matches!(err, Err(StoreError::Fenced(_))), "stale renew: {err:?}");
-    store.complete(&key, fresh, response(b"new"), 60_000, later).await.unwrap();
+    store
+        .complete(&key, fresh, response(b"new"), 60_000, later)
+        .await
+        .unwrap();
     let rec = store.get(&key, later).await.unwrap().expect("record");
     assert_eq!(rec.token(), fresh);
 }
@@ -130,8 +171,14 @@ pub async fn renew_extends_lease<S: Store>(store: Arc<S>) {
     let owner = LeaseToken::random();
     assert_acquired(&store.begin(&key, &req(owner, fp(1), now, true)).await.unwrap());
     store.renew(&key, owner, now + 5_000).await.unwrap();
-    let b = store.begin(&key, &req(LeaseToken::random(), fp(1), now + 2_000, true)).await.unwrap();
-    assert!(matches!(b, Begin::InFlight { .. }), "renewed lease still held: {b:?}");
+    let b = store
+        .begin(&key, &req(LeaseToken::random(), fp(1), now + 2_000, true))
+        .await
+        .unwrap();
+    assert!(
+        matches!(b, Begin::InFlight { .. }),
+        "renewed lease still held: {b:?}"
+    );
 }
 
 /// Release frees the key for the next attempt.
@@ -142,7 +189,12 @@ pub async fn release_frees_key<S: Store>(store: Arc<S>) {
     assert_acquired(&store.begin(&key, &req(owner, fp(1), now, true)).await.unwrap());
     store.release(&key, owner).await.unwrap();
     assert!(store.get(&key, now).await.unwrap().is_none());
-    assert_acquired(&store.begin(&key, &req(LeaseToken::random(), fp(1), now, true)).await.unwrap());
+    assert_acquired(
+        &store
+            .begin(&key, &req(LeaseToken::random(), fp(1), now, true))
+            .await
+            .unwrap(),
+    );
 }
 
 /// A completed record is gone after its retention.
@@ -151,11 +203,19 @@ pub async fn retention_expiry<S: Store>(store: Arc<S>) {
     let now = now_millis();
     let owner = LeaseToken::random();
     assert_acquired(&store.begin(&key, &req(owner, fp(1), now, true)).await.unwrap());
-    store.complete(&key, owner, response(b"x"), 500, now).await.unwrap();
+    store
+        .complete(&key, owner, response(b"x"), 500, now)
+        .await
+        .unwrap();
     assert!(store.get(&key, now + 499).await.unwrap().is_some());
     assert!(store.get(&key, now + 500).await.unwrap().is_none());
     // Even another fingerprint may use the key once the record has expired.
-    assert_acquired(&store.begin(&key, &req(LeaseToken::random(), fp(2), now + 501, true)).await.unwrap());
+    assert_acquired(
+        &store
+            .begin(&key, &req(LeaseToken::random(), fp(2), now + 501, true))
+            .await
+            .unwrap(),
+    );
 }
 
 /// Operations retried after they took effect answer the same, never a false conflict.
@@ -167,8 +227,14 @@ pub async fn retried_operations_are_idempotent<S: Store>(store: Arc<S>) {
     assert_acquired(&store.begin(&key, &req(owner, fp(1), now, true)).await.unwrap());
     store.renew(&key, owner, now + 2_000).await.unwrap();
     store.renew(&key, owner, now + 2_000).await.unwrap();
-    store.complete(&key, owner, response(b"once"), 60_000, now).await.unwrap();
-    store.complete(&key, owner, response(b"once"), 60_000, now).await.unwrap();
+    store
+        .complete(&key, owner, response(b"once"), 60_000, now)
+        .await
+        .unwrap();
+    store
+        .complete(&key, owner, response(b"once"), 60_000, now)
+        .await
+        .unwrap();
 
     let key = unique_key("retried-release");
     assert_acquired(&store.begin(&key, &req(owner, fp(1), now, true)).await.unwrap());
@@ -183,9 +249,14 @@ pub async fn large_values<S: Store>(store: Arc<S>) {
     let owner = LeaseToken::random();
     let body: Vec<u8> = (0..1024 * 1024).map(|i| (i % 251) as u8).collect();
     assert_acquired(&store.begin(&key, &req(owner, fp(1), now, true)).await.unwrap());
-    store.complete(&key, owner, response(&body), 60_000, now).await.unwrap();
+    store
+        .complete(&key, owner, response(&body), 60_000, now)
+        .await
+        .unwrap();
     let rec = store.get(&key, now).await.unwrap().expect("record");
-    let RecordState::Completed { response: r, .. } = rec.state else { panic!("not completed") };
+    let RecordState::Completed { response: r, .. } = rec.state else {
+        panic!("not completed")
+    };
     assert_eq!(r.body.as_deref(), Some(body.as_slice()));
 }
 
@@ -193,10 +264,20 @@ pub async fn large_values<S: Store>(store: Arc<S>) {
 pub async fn purge<S: Store>(store: Arc<S>) {
     let key = unique_key("purge");
     let now = now_millis();
-    assert_acquired(&store.begin(&key, &req(LeaseToken::random(), fp(1), now, false)).await.unwrap());
+    assert_acquired(
+        &store
+            .begin(&key, &req(LeaseToken::random(), fp(1), now, false))
+            .await
+            .unwrap(),
+    );
     assert!(store.purge(&key).await.unwrap());
     assert!(!store.purge(&key).await.unwrap());
-    assert_acquired(&store.begin(&key, &req(LeaseToken::random(), fp(1), now, false)).await.unwrap());
+    assert_acquired(
+        &store
+            .begin(&key, &req(LeaseToken::random(), fp(1), now, false))
+            .await
+            .unwrap(),
+    );
 }
 
 /// Through the engine: waiters are woken when the owner completes (they replay) and when it
@@ -245,12 +326,21 @@ pub async fn waiters_woken_on_complete_and_release<S: Store>(store: Arc<S>) {
         for w in waiters {
             results.push(w.await.unwrap());
         }
-        assert!(started.elapsed() < Duration::from_secs(5), "waiters woken by notification");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "waiters woken by notification"
+        );
         let executed = results.iter().filter(|r| **r == "executed").count();
         if finish_with_release {
-            assert_eq!(executed, 1, "after a release exactly one waiter executes: {results:?}");
+            assert_eq!(
+                executed, 1,
+                "after a release exactly one waiter executes: {results:?}"
+            );
         } else {
-            assert_eq!(executed, 0, "after a completion every waiter replays: {results:?}");
+            assert_eq!(
+                executed, 0,
+                "after a completion every waiter replays: {results:?}"
+            );
         }
     }
 }

@@ -47,7 +47,9 @@ pub struct EmbeddedStore {
 
 impl std::fmt::Debug for EmbeddedStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EmbeddedStore").field("path", &self.path).finish_non_exhaustive()
+        f.debug_struct("EmbeddedStore")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
     }
 }
 
@@ -62,7 +64,12 @@ enum Op {
         reply: oneshot::Sender<Result<(), StoreError>>,
     },
     Release(String, LeaseToken, oneshot::Sender<Result<(), StoreError>>),
-    Renew(String, LeaseToken, Millis, oneshot::Sender<Result<(), StoreError>>),
+    Renew(
+        String,
+        LeaseToken,
+        Millis,
+        oneshot::Sender<Result<(), StoreError>>,
+    ),
     Purge(String, oneshot::Sender<Result<bool, StoreError>>),
     Sweep(Millis, oneshot::Sender<Result<usize, StoreError>>),
 }
@@ -166,7 +173,10 @@ impl EmbeddedStore {
         })
     }
 
-    async fn call<T>(&self, op: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Op) -> Result<T, StoreError> {
+    async fn call<T>(
+        &self,
+        op: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Op,
+    ) -> Result<T, StoreError> {
         let (tx, rx) = oneshot::channel();
         self.ops.send(op(tx)).map_err(|_| writer_gone())?;
         rx.await.map_err(|_| writer_gone())?
@@ -235,7 +245,8 @@ impl Store for EmbeddedStore {
     }
 
     async fn renew(&self, key: &str, token: LeaseToken, lease_until: Millis) -> Result<(), StoreError> {
-        self.call(|tx| Op::Renew(key.to_owned(), token, lease_until, tx)).await
+        self.call(|tx| Op::Renew(key.to_owned(), token, lease_until, tx))
+            .await
     }
 
     async fn get(&self, key: &str, now: Millis) -> Result<Option<Record>, StoreError> {
@@ -257,10 +268,24 @@ impl Store for EmbeddedStore {
 
 /// A reply held back until the batch's commit succeeded.
 enum Reply {
-    Begin(oneshot::Sender<Result<Begin, StoreError>>, Result<Begin, StoreError>),
-    Unit(oneshot::Sender<Result<(), StoreError>>, Result<(), StoreError>, Option<String>),
-    Bool(oneshot::Sender<Result<bool, StoreError>>, Result<bool, StoreError>, String),
-    Count(oneshot::Sender<Result<usize, StoreError>>, Result<usize, StoreError>),
+    Begin(
+        oneshot::Sender<Result<Begin, StoreError>>,
+        Result<Begin, StoreError>,
+    ),
+    Unit(
+        oneshot::Sender<Result<(), StoreError>>,
+        Result<(), StoreError>,
+        Option<String>,
+    ),
+    Bool(
+        oneshot::Sender<Result<bool, StoreError>>,
+        Result<bool, StoreError>,
+        String,
+    ),
+    Count(
+        oneshot::Sender<Result<usize, StoreError>>,
+        Result<usize, StoreError>,
+    ),
 }
 
 impl Reply {
@@ -316,7 +341,11 @@ fn writer(db: &Database, mut rx: mpsc::UnboundedReceiver<Op>, notifier: &Notifie
     }
 }
 
-fn apply_batch(db: &Database, ops: impl Iterator<Item = Op>, replies: &mut Vec<Reply>) -> Result<(), redb::Error> {
+fn apply_batch(
+    db: &Database,
+    ops: impl Iterator<Item = Op>,
+    replies: &mut Vec<Reply>,
+) -> Result<(), redb::Error> {
     let txn = db.begin_write()?;
     {
         let mut records = txn.open_table(RECORDS)?;
@@ -387,7 +416,9 @@ impl Tables<'_, '_> {
                 now,
                 reply,
             } => {
-                let result = self.mutate(&key, |old| rules::complete(old, token, response, retention_ms, now))?;
+                let result = self.mutate(&key, |old| {
+                    rules::complete(old, token, response, retention_ms, now)
+                })?;
                 Reply::Unit(reply, result, Some(key))
             }
             Op::Release(key, token, reply) => {
@@ -431,7 +462,8 @@ impl Tables<'_, '_> {
     fn sweep(&mut self, now: Millis) -> Result<usize, redb::Error> {
         let due: Vec<(u64, String)> = self
             .expiry
-            .range(..(now, ""))?
+            // Due means `expires_at <= now` (a record is gone at its expiry instant).
+            .range(..(now.saturating_add(1), ""))?
             .take(SWEEP_BATCH)
             .map(|e| e.map(|(k, _)| (k.value().0, k.value().1.to_owned())))
             .collect::<Result<_, _>>()?;

@@ -38,7 +38,10 @@ impl http_body::Body for Body {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             Body::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             Body::Stream(s) => Pin::new(s).poll_frame(cx),
@@ -127,7 +130,10 @@ where
     type Data = Bytes;
     type Error = B::Error;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         if let Some(prefix) = self.prefix.take() {
             return Poll::Ready(Some(Ok(Frame::data(prefix))));
         }

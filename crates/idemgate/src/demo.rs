@@ -49,7 +49,9 @@ impl Counts {
 /// Serves the demo upstream on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, counts: Arc<Counts>) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
         let counts = counts.clone();
         tokio::spawn(async move {
             let svc = service_fn(move |req| handle(req, counts.clone()));
@@ -72,11 +74,20 @@ async fn handle(req: Request<Incoming>, counts: Arc<Counts>) -> Result<Response<
             None if path == "/executions" => counts.total(),
             None => return Ok(reply(StatusCode::NOT_FOUND, Bytes::from_static(b"{}"))),
         };
-        return Ok(reply(StatusCode::OK, Bytes::from(format!("{{\"executions\":{n}}}"))));
+        return Ok(reply(
+            StatusCode::OK,
+            Bytes::from(format!("{{\"executions\":{n}}}")),
+        ));
     }
-    let status = header(&req, "x-demo-status").and_then(|s| s.parse().ok()).unwrap_or(201);
-    let delay: u64 = header(&req, "x-demo-delay-ms").and_then(|s| s.parse().ok()).unwrap_or(0);
-    let pad: usize = header(&req, "x-demo-body-bytes").and_then(|s| s.parse().ok()).unwrap_or(0);
+    let status = header(&req, "x-demo-status")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(201);
+    let delay: u64 = header(&req, "x-demo-delay-ms")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let pad: usize = header(&req, "x-demo-body-bytes")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     let cookie = header(&req, "x-demo-set-cookie").is_some();
     let key = header(&req, "idempotency-key").map(str::to_owned);
     let n = counts.total.fetch_add(1, Ordering::SeqCst) + 1;
@@ -88,7 +99,12 @@ async fn handle(req: Request<Incoming>, counts: Arc<Counts>) -> Result<Response<
             .entry(key)
             .or_default() += 1;
     }
-    let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay)).await;
     }
@@ -102,10 +118,15 @@ async fn handle(req: Request<Incoming>, counts: Arc<Counts>) -> Result<Response<
         json.push('"');
     }
     json.push('}');
-    let mut resp = reply(StatusCode::from_u16(status).unwrap_or(StatusCode::OK), Bytes::from(json));
+    let mut resp = reply(
+        StatusCode::from_u16(status).unwrap_or(StatusCode::OK),
+        Bytes::from(json),
+    );
     if cookie {
-        resp.headers_mut()
-            .insert(http::header::SET_COOKIE, http::HeaderValue::from_static("session=secret; HttpOnly"));
+        resp.headers_mut().insert(
+            http::header::SET_COOKIE,
+            http::HeaderValue::from_static("session=secret; HttpOnly"),
+        );
     }
     Ok(resp)
 }
@@ -113,7 +134,9 @@ async fn handle(req: Request<Incoming>, counts: Arc<Counts>) -> Result<Response<
 fn reply(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
     let mut resp = Response::new(Full::new(body));
     *resp.status_mut() = status;
-    resp.headers_mut()
-        .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
     resp
 }

@@ -4,6 +4,7 @@
 //! - [`config`]: the YAML contract, resolved and checked.
 //! - [`routes`]: path templates and first-match routing.
 //! - [`proxy`]: the request phases (framing, route, policy, dedup, execute).
+//! - [`framing`]: a strict second reading of request heads against smuggling shapes.
 //! - [`problem`]: RFC 9457 responses, the one place mapping refusals to status codes.
 //! - [`store`]: the configured store behind one enum.
 //! - [`server`]: the listener and graceful shutdown.
@@ -14,6 +15,7 @@ pub mod access_log;
 pub mod body;
 pub mod config;
 pub mod demo;
+pub mod framing;
 pub mod problem;
 pub mod proxy;
 pub mod routes;

@@ -15,7 +15,11 @@ use idemgate_core::store::Store;
 const EXIT_CONFIG: u8 = 64;
 
 #[derive(Parser)]
-#[command(name = "idemgate", version, about = "An idempotency gateway: retries become exactly-once effects.")]
+#[command(
+    name = "idemgate",
+    version,
+    about = "An idempotency gateway: retries become exactly-once effects."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -51,16 +55,28 @@ enum Command {
 #[derive(Subcommand)]
 enum RecordsAction {
     /// Print a record (without its body) as JSON.
-    Inspect { key: String, #[arg(long)] config: Option<PathBuf> },
+    Inspect {
+        key: String,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Delete a record (the escape hatch for `outcome-unknown` or a cached terminal error).
-    Purge { key: String, #[arg(long)] config: Option<PathBuf> },
+    Purge {
+        key: String,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Check { config } => check(&config),
-        Command::Serve { config, upstream, listen } => {
+        Command::Serve {
+            config,
+            upstream,
+            listen,
+        } => {
             let loaded = match (config, upstream) {
                 (Some(path), _) => Config::load(&path).map(|mut c| {
                     if let Some(l) = listen {
@@ -86,7 +102,10 @@ fn main() -> ExitCode {
 fn check(path: &std::path::Path) -> ExitCode {
     match Config::load(path) {
         Ok(config) => {
-            println!("{:<20} {:<12} {:<40} {:<16} {:<8} {}", "ID", "METHOD", "PATH", "POLICY", "SCOPE", "RETENTION");
+            println!(
+                "{:<20} {:<12} {:<40} {:<16} {:<8} RETENTION",
+                "ID", "METHOD", "PATH", "POLICY", "SCOPE"
+            );
             for r in config.routes.iter() {
                 println!(
                     "{:<20} {:<12} {:<40} {:<16} {:<8} {}",
@@ -152,7 +171,10 @@ fn records(action: RecordsAction) -> ExitCode {
         RecordsAction::Purge { key, config } => (key, config, true),
     };
     let store_config = match config.as_deref().map(Config::load).transpose() {
-        Ok(c) => c.map_or_else(|| Config::for_upstream("http://127.0.0.1", None).map(|c| c.store), |c| Ok(c.store)),
+        Ok(c) => c.map_or_else(
+            || Config::for_upstream("http://127.0.0.1", None).map(|c| c.store),
+            |c| Ok(c.store),
+        ),
         Err(e) => Err(e),
     };
     let store_config = match store_config {
@@ -170,17 +192,26 @@ fn records(action: RecordsAction) -> ExitCode {
         let store = match idemgate_stores::EmbeddedStore::open(&store_config.path) {
             Ok(s) => s,
             Err(e) => {
-                eprintln!("idemgate: cannot open {} (is a gateway running on it?): {e}", store_config.path.display());
+                eprintln!(
+                    "idemgate: cannot open {} (is a gateway running on it?): {e}",
+                    store_config.path.display()
+                );
                 return ExitCode::FAILURE;
             }
         };
         let result = if purge {
-            store.purge(&key).await.map(|existed| serde_json::json!({ "purged": existed }))
+            store
+                .purge(&key)
+                .await
+                .map(|existed| serde_json::json!({ "purged": existed }))
         } else {
-            store.get(&key, idemgate_core::record::now_millis()).await.map(|r| match r {
-                None => serde_json::Value::Null,
-                Some(r) => describe(&r),
-            })
+            store
+                .get(&key, idemgate_core::record::now_millis())
+                .await
+                .map(|r| match r {
+                    None => serde_json::Value::Null,
+                    Some(r) => describe(&r),
+                })
         };
         match result {
             Ok(v) => {

@@ -53,7 +53,9 @@ impl Kind {
     #[must_use]
     pub fn status(self) -> StatusCode {
         match self {
-            Self::MissingKey | Self::InvalidKey | Self::KeyNotAllowed | Self::BadRequest => StatusCode::BAD_REQUEST,
+            Self::MissingKey | Self::InvalidKey | Self::KeyNotAllowed | Self::BadRequest => {
+                StatusCode::BAD_REQUEST
+            }
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::RequestInFlight | Self::ResponseNotRetained | Self::OutcomeUnknown => StatusCode::CONFLICT,
@@ -169,7 +171,11 @@ impl Problem {
         if let Some(secs) = self.retry_after {
             h.insert(RETRY_AFTER, HeaderValue::from(secs));
         }
-        if let Some(id) = self.operation_id.as_deref().and_then(|id| HeaderValue::from_str(id).ok()) {
+        if let Some(id) = self
+            .operation_id
+            .as_deref()
+            .and_then(|id| HeaderValue::from_str(id).ok())
+        {
             h.insert(crate::proxy::OPERATION_ID, id);
         }
         if self.close {

@@ -31,6 +31,7 @@ use tokio_util::task::TaskTracker;
 use crate::access_log::AccessLog;
 use crate::body::{Body, Prefixed, Read, full, read_limited, stream};
 use crate::config::{Config, OnStoreError, PolicyKind, Route};
+use crate::framing::Verdict;
 use crate::problem::{Kind, Problem};
 use crate::store::AnyStore;
 
@@ -92,9 +93,21 @@ impl Gateway {
     }
 
     /// Handles one request and writes its access-log line.
-    pub async fn handle(self: Arc<Self>, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    ///
+    /// `framing` is the connection sniffer's verdict on this request's head (see
+    /// [`crate::framing`]): a refusal reason, or `None`.
+    pub async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        framing: Verdict,
+    ) -> Response<Body> {
         let mut log = AccessLog::new(req.method());
-        let resp = match self.route(req, peer, &mut log).await {
+        let routed = match framing {
+            Some(why) => Err(Problem::new(Kind::BadRequest, why).close()),
+            None => self.route(req, peer, &mut log).await,
+        };
+        let resp = match routed {
             Ok(resp) => resp,
             Err(problem) => {
                 if log.outcome == "forwarded" {
@@ -107,14 +120,27 @@ impl Gateway {
         resp
     }
 
-    async fn route(self: &Arc<Self>, req: Request<Incoming>, peer: SocketAddr, log: &mut AccessLog) -> Result<Response<Body>, Problem> {
+    async fn route(
+        self: &Arc<Self>,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        log: &mut AccessLog,
+    ) -> Result<Response<Body>, Problem> {
         check_framing(req.headers())?;
         let Some(route) = self.config.routes.find(req.method(), req.uri().path()).cloned() else {
-            return Err(Problem::new(Kind::NotFound, "no route matches this method and path"));
+            return Err(Problem::new(
+                Kind::NotFound,
+                "no route matches this method and path",
+            ));
         };
         log.endpoint.clone_from(&route.id);
         log.policy = policy_name(route.policy);
-        let key_lines = || req.headers().get_all(&route.header).iter().map(HeaderValue::as_bytes);
+        let key_lines = || {
+            req.headers()
+                .get_all(&route.header)
+                .iter()
+                .map(HeaderValue::as_bytes)
+        };
         let raw = match route.policy {
             PolicyKind::HandlerInternal => None,
             PolicyKind::Prohibited => {
@@ -153,7 +179,9 @@ impl Gateway {
                 )
                 .close());
             }
-            Err(_) => return Err(Problem::new(Kind::BadRequest, "the request body could not be read").close()),
+            Err(_) => {
+                return Err(Problem::new(Kind::BadRequest, "the request body could not be read").close());
+            }
         };
         let Some(raw) = raw else {
             return self.forward(&route, parts, body, peer).await;
@@ -161,7 +189,10 @@ impl Gateway {
         log.case = "A";
         log.source = "header";
         let Ok(key) = namespaced_key(route.scope, None, &raw) else {
-            return Err(Problem::new(Kind::Unauthenticated, "this endpoint needs an authenticated caller"));
+            return Err(Problem::new(
+                Kind::Unauthenticated,
+                "this endpoint needs an authenticated caller",
+            ));
         };
         log.key_digest = key_digest(&key);
         self.dedup(route, parts, body, peer, key, log).await
@@ -176,17 +207,29 @@ impl Gateway {
         key: String,
         log: &mut AccessLog,
     ) -> Result<Response<Body>, Problem> {
-        let content_type = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
-        let pq = parts.uri.path_and_query().map_or("/", http::uri::PathAndQuery::as_str);
+        let content_type = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok());
+        let pq = parts
+            .uri
+            .path_and_query()
+            .map_or("/", http::uri::PathAndQuery::as_str);
         let fingerprint = Fingerprint::compute(&route.id, parts.method.as_str(), pq, content_type, &body);
-        let started = match self.engine.begin(&key, &route.id, fingerprint, &route.engine).await {
+        let started = match self
+            .engine
+            .begin(&key, &route.id, fingerprint, &route.engine)
+            .await
+        {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, endpoint = %route.id, "store error");
                 return match route.on_store_error {
-                    OnStoreError::FailClosed => {
-                        Err(Problem::new(Kind::StoreUnavailable, "the idempotency store is unavailable").retry_after(1))
-                    }
+                    OnStoreError::FailClosed => Err(Problem::new(
+                        Kind::StoreUnavailable,
+                        "the idempotency store is unavailable",
+                    )
+                    .retry_after(1)),
                     OnStoreError::FailOpen => {
                         log.outcome = "fail_open";
                         self.forward(&route, parts, body, peer).await
@@ -258,7 +301,9 @@ impl Gateway {
         exec: Execution<AnyStore>,
     ) -> Result<Response<Body>, Problem> {
         let op = exec.operation_id().to_owned();
-        let upstream = self.call_upstream(route, parts, body, peer, Some((&key, &op))).await;
+        let upstream = self
+            .call_upstream(route, parts, body, peer, Some((&key, &op)))
+            .await;
         let resp = match upstream {
             Ok(resp) => resp,
             Err(problem) => {
@@ -272,7 +317,9 @@ impl Gateway {
             Ok(Read::TooLarge(prefix, rest)) => (None, stream(Prefixed::new(prefix, rest))),
             Err(_) => {
                 finish(exec, Outcome::NoResponse).await;
-                return Err(Problem::new(Kind::UpstreamUnavailable, "the upstream response broke off").operation(op));
+                return Err(
+                    Problem::new(Kind::UpstreamUnavailable, "the upstream response broke off").operation(op),
+                );
             }
         };
         strip_hop_by_hop(&mut head.headers);
@@ -317,8 +364,14 @@ impl Gateway {
         if let Some(host) = headers.remove(header::HOST) {
             headers.insert(HeaderName::from_static("x-forwarded-host"), host);
         }
-        headers.append(HeaderName::from_static("x-forwarded-for"), header_value(&peer.ip().to_string()));
-        headers.insert(HeaderName::from_static("x-forwarded-proto"), HeaderValue::from_static("http"));
+        headers.append(
+            HeaderName::from_static("x-forwarded-for"),
+            header_value(&peer.ip().to_string()),
+        );
+        headers.insert(
+            HeaderName::from_static("x-forwarded-proto"),
+            HeaderValue::from_static("http"),
+        );
         if let Some((key, op)) = dedup {
             // The upstream sees the namespaced key, so its own dedup (if any) is tenant-safe too.
             headers.insert(route.header.clone(), header_value(key));
@@ -331,9 +384,14 @@ impl Gateway {
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(e)) => {
                 tracing::warn!(upstream = %route.upstream.name, error = %e, "upstream request failed");
-                Err(Problem::new(Kind::UpstreamUnavailable, "the upstream could not be reached").retry_after(1))
+                Err(
+                    Problem::new(Kind::UpstreamUnavailable, "the upstream could not be reached")
+                        .retry_after(1),
+                )
             }
-            Err(_) => Err(Problem::new(Kind::UpstreamTimeout, "the upstream did not answer in time").retry_after(1)),
+            Err(_) => {
+                Err(Problem::new(Kind::UpstreamTimeout, "the upstream did not answer in time").retry_after(1))
+            }
         }
     }
 }
@@ -355,7 +413,10 @@ fn replay(route: &Route, stored: StoredResponse, operation_id: &str, expires_at:
     *resp.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
     let h = resp.headers_mut();
     for (name, value) in stored.headers {
-        if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_maybe_shared(value)) {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_maybe_shared(value),
+        ) {
             h.append(n, v);
         }
     }
@@ -416,7 +477,9 @@ fn storable_headers(h: &HeaderMap) -> Vec<(String, Bytes)> {
 }
 
 fn upstream_uri(base: &Uri, incoming: &Uri) -> Result<Uri, ()> {
-    let pq = incoming.path_and_query().map_or("/", http::uri::PathAndQuery::as_str);
+    let pq = incoming
+        .path_and_query()
+        .map_or("/", http::uri::PathAndQuery::as_str);
     let prefix = base.path().trim_end_matches('/');
     let mut parts = base.clone().into_parts();
     parts.path_and_query = Some(format!("{prefix}{pq}").parse().map_err(|_| ())?);

@@ -40,10 +40,16 @@ impl PathTemplate {
             template: template.to_owned(),
             why,
         };
-        let rest = template.strip_prefix('/').ok_or_else(|| err("must start with `/`"))?;
+        let rest = template
+            .strip_prefix('/')
+            .ok_or_else(|| err("must start with `/`"))?;
         let mut segments = Vec::new();
         let mut wildcard = false;
-        let parts: Vec<&str> = if rest.is_empty() { Vec::new() } else { rest.split('/').collect() };
+        let parts: Vec<&str> = if rest.is_empty() {
+            Vec::new()
+        } else {
+            rest.split('/').collect()
+        };
         for (i, part) in parts.iter().enumerate() {
             if *part == "**" {
                 if i + 1 != parts.len() {
@@ -56,7 +62,9 @@ impl PathTemplate {
                 }
                 segments.push(Segment::Param(name.to_owned()));
             } else if part.contains(['{', '}', '*']) {
-                return Err(err("`{`, `}` and `*` are only allowed as whole `{param}` or `**` segments"));
+                return Err(err(
+                    "`{`, `}` and `*` are only allowed as whole `{param}` or `**` segments",
+                ));
             } else {
                 segments.push(Segment::Literal((*part).to_owned()));
             }
@@ -72,7 +80,8 @@ impl PathTemplate {
     #[must_use]
     pub fn matches<'p>(&self, path: &'p str) -> Option<Vec<(&str, &'p str)>> {
         let rest = path.strip_prefix('/')?;
-        let mut parts = if rest.is_empty() { "".split('/').skip(1) } else { rest.split('/').skip(0) };
+        // "/" has no segments ("".split('/') would yield one empty segment).
+        let mut parts = rest.split('/').filter(|_| !rest.is_empty());
         let mut params = Vec::new();
         for seg in &self.segments {
             let part = parts.next()?;
@@ -151,7 +160,10 @@ mod tests {
     #[test]
     fn literal_and_params() {
         let tpl = t("/api/v1/orders/{order_id}/refunds");
-        assert_eq!(tpl.matches("/api/v1/orders/42/refunds"), Some(vec![("order_id", "42")]));
+        assert_eq!(
+            tpl.matches("/api/v1/orders/42/refunds"),
+            Some(vec![("order_id", "42")])
+        );
         assert_eq!(tpl.matches("/api/v1/orders//refunds"), None);
         assert_eq!(tpl.matches("/api/v1/orders/42"), None);
         assert_eq!(tpl.matches("/api/v1/orders/42/refunds/x"), None);

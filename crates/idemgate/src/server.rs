@@ -14,6 +14,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
+use crate::framing::Sniffer;
 use crate::proxy::Gateway;
 
 /// How long a client may take to send its request head (slow-header defence).
@@ -42,9 +43,11 @@ pub async fn serve(gateway: Arc<Gateway>, listener: TcpListener, shutdown: impl 
         };
         let _ = stream.set_nodelay(true);
         let gw = gateway.clone();
+        let (stream, verdicts) = Sniffer::new(stream);
         let svc = service_fn(move |req| {
             let gw = gw.clone();
-            async move { Ok::<_, Infallible>(gw.handle(req, peer).await) }
+            let framing = verdicts.next();
+            async move { Ok::<_, Infallible>(gw.handle(req, peer, framing).await) }
         });
         let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), svc));
         tokio::spawn(async move {

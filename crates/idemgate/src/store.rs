@@ -4,11 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idemgate_core::MemoryStore;
 use idemgate_core::notify::Notifier;
 use idemgate_core::record::{LeaseToken, Millis, Record, StoredResponse};
 use idemgate_core::rules::{Begin, BeginRequest};
 use idemgate_core::store::{Store, StoreError};
-use idemgate_core::MemoryStore;
 use idemgate_stores::EmbeddedStore;
 
 use crate::config::{StoreConfig, StoreKind};

@@ -32,8 +32,15 @@ async fn forty_concurrent_requests_execute_once() {
         }
         assert_eq!(up.executions(&k), 1, "{store}: the upstream ran exactly once");
         assert!(results.iter().all(|(s, _, _)| *s == 201), "{store}: {results:?}");
-        assert!(results.iter().all(|(_, _, b)| *b == results[0].2), "{store}: every caller got the same body");
-        assert_eq!(results.iter().filter(|(_, r, _)| *r).count(), 39, "{store}: all but one are replays");
+        assert!(
+            results.iter().all(|(_, _, b)| *b == results[0].2),
+            "{store}: every caller got the same body"
+        );
+        assert_eq!(
+            results.iter().filter(|(_, r, _)| *r).count(),
+            39,
+            "{store}: all but one are replays"
+        );
     }
 }
 
@@ -43,10 +50,14 @@ async fn replay_is_byte_identical_and_conflicts_are_refused() {
     for store in STORES {
         let gw = Gateway::start(&up, store, "").await;
         let k = key("replay");
-        let first = post(&gw.url("/api/v1/orders"), Some(&k), r#"{"amount":1,"currency":"eur"}"#)
-            .send()
-            .await
-            .unwrap();
+        let first = post(
+            &gw.url("/api/v1/orders"),
+            Some(&k),
+            r#"{"amount":1,"currency":"eur"}"#,
+        )
+        .send()
+        .await
+        .unwrap();
         assert_eq!(first.status(), 201);
         assert!(header(&first, "idempotent-replayed").is_none());
         let op = header(&first, "x-operation-id").unwrap().to_owned();
@@ -54,25 +65,40 @@ async fn replay_is_byte_identical_and_conflicts_are_refused() {
         let first_body = first.bytes().await.unwrap();
 
         // Same JSON, other key order and whitespace, quoted key: the same request.
-        let again = post(&gw.url("/api/v1/orders"), Some(&format!("\"{k}\"")), r#"{ "currency": "eur", "amount": 1 }"#)
-            .send()
-            .await
-            .unwrap();
+        let again = post(
+            &gw.url("/api/v1/orders"),
+            Some(&format!("\"{k}\"")),
+            r#"{ "currency": "eur", "amount": 1 }"#,
+        )
+        .send()
+        .await
+        .unwrap();
         assert_eq!(again.status(), 201);
         assert_eq!(header(&again, "idempotent-replayed"), Some("true"));
         assert_eq!(header(&again, "x-operation-id"), Some(op.as_str()));
         assert_eq!(header(&again, "content-type"), Some("application/json"));
-        assert_eq!(again.bytes().await.unwrap(), first_body, "{store}: byte-identical replay");
+        assert_eq!(
+            again.bytes().await.unwrap(),
+            first_body,
+            "{store}: byte-identical replay"
+        );
         assert_eq!(up.executions(&k), 1);
 
-        let other_body = post(&gw.url("/api/v1/orders"), Some(&k), r#"{"amount":2}"#).send().await.unwrap();
-        assert_eq!(other_body.status(), 422);
-        assert_eq!(header(&other_body, "x-operation-id"), Some(op.as_str()));
-        assert_eq!(slug(other_body).await, "idempotency-key-reused");
-        let other_route = post(&gw.url("/api/v1/other"), Some(&k), r#"{"amount":1,"currency":"eur"}"#)
+        let other_body = post(&gw.url("/api/v1/orders"), Some(&k), r#"{"amount":2}"#)
             .send()
             .await
             .unwrap();
+        assert_eq!(other_body.status(), 422);
+        assert_eq!(header(&other_body, "x-operation-id"), Some(op.as_str()));
+        assert_eq!(slug(other_body).await, "idempotency-key-reused");
+        let other_route = post(
+            &gw.url("/api/v1/other"),
+            Some(&k),
+            r#"{"amount":1,"currency":"eur"}"#,
+        )
+        .send()
+        .await
+        .unwrap();
         assert_eq!(other_route.status(), 422);
         let other_method = common::client()
             .patch(gw.url("/api/v1/orders"))
@@ -82,8 +108,16 @@ async fn replay_is_byte_identical_and_conflicts_are_refused() {
             .send()
             .await
             .unwrap();
-        assert_eq!(other_method.status(), 422, "PATCH to the catch-all with the same key");
-        assert_eq!(up.executions(&k), 1, "{store}: conflicts never reach the upstream");
+        assert_eq!(
+            other_method.status(),
+            422,
+            "PATCH to the catch-all with the same key"
+        );
+        assert_eq!(
+            up.executions(&k),
+            1,
+            "{store}: conflicts never reach the upstream"
+        );
     }
 }
 
@@ -92,7 +126,9 @@ async fn reject_answers_409_with_retry_after_while_in_flight() {
     let up = Upstream::start().await;
     let gw = Gateway::start(&up, "memory", "").await;
     let k = key("reject");
-    let slow = post(&gw.url("/reject"), Some(&k), "{}").header("x-demo-delay-ms", "1500").send();
+    let slow = post(&gw.url("/reject"), Some(&k), "{}")
+        .header("x-demo-delay-ms", "1500")
+        .send();
     let slow = tokio::spawn(slow);
     common::wait_until(Duration::from_secs(5), || up.executions(&k) == 1).await;
     let second = post(&gw.url("/reject"), Some(&k), "{}").send().await.unwrap();
@@ -138,7 +174,11 @@ async fn transient_outcomes_release_and_final_ones_are_stored() {
     // store_server_errors: true keeps 5xx outcomes.
     let k = key("stored-5xx");
     for _ in 0..2 {
-        let r = post(&gw.url("/stored-5xx"), Some(&k), "{}").header("x-demo-status", "502").send().await.unwrap();
+        let r = post(&gw.url("/stored-5xx"), Some(&k), "{}")
+            .header("x-demo-status", "502")
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 502);
     }
     assert_eq!(up.executions(&k), 1);
@@ -149,9 +189,20 @@ async fn set_cookie_is_never_replayed() {
     let up = Upstream::start().await;
     let gw = Gateway::start(&up, "memory", "").await;
     let k = key("cookie");
-    let first = post(&gw.url("/api/v1/orders"), Some(&k), "{}").header("x-demo-set-cookie", "1").send().await.unwrap();
-    assert!(header(&first, "set-cookie").is_some(), "the original caller gets its cookie");
-    let replay = post(&gw.url("/api/v1/orders"), Some(&k), "{}").header("x-demo-set-cookie", "1").send().await.unwrap();
+    let first = post(&gw.url("/api/v1/orders"), Some(&k), "{}")
+        .header("x-demo-set-cookie", "1")
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        header(&first, "set-cookie").is_some(),
+        "the original caller gets its cookie"
+    );
+    let replay = post(&gw.url("/api/v1/orders"), Some(&k), "{}")
+        .header("x-demo-set-cookie", "1")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(header(&replay, "idempotent-replayed"), Some("true"));
     assert!(header(&replay, "set-cookie").is_none());
 }
@@ -161,14 +212,29 @@ async fn oversized_responses_are_recorded_but_not_replayed() {
     let up = Upstream::start().await;
     let gw = Gateway::start(&up, "embedded", "").await;
     let k = key("big");
-    let first = post(&gw.url("/small"), Some(&k), "{}").header("x-demo-body-bytes", "5000").send().await.unwrap();
+    let first = post(&gw.url("/small"), Some(&k), "{}")
+        .header("x-demo-body-bytes", "5000")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(first.status(), 201);
-    assert_eq!(first.bytes().await.unwrap().len(), 5000, "the first caller gets the whole body");
-    let again = post(&gw.url("/small"), Some(&k), "{}").header("x-demo-body-bytes", "5000").send().await.unwrap();
+    assert_eq!(
+        first.bytes().await.unwrap().len(),
+        5000,
+        "the first caller gets the whole body"
+    );
+    let again = post(&gw.url("/small"), Some(&k), "{}")
+        .header("x-demo-body-bytes", "5000")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(again.status(), 409);
     let v: serde_json::Value = serde_json::from_slice(&again.bytes().await.unwrap()).unwrap();
     assert!(v["type"].as_str().unwrap().ends_with("response-not-retained"));
-    assert!(v["detail"].as_str().unwrap().contains("201"), "names the original status: {v}");
+    assert!(
+        v["detail"].as_str().unwrap().contains("201"),
+        "names the original status: {v}"
+    );
     assert_eq!(up.executions(&k), 1, "never executed twice");
 }
 
@@ -204,7 +270,14 @@ async fn policies_and_key_validation() {
         .unwrap();
     assert_eq!(two.status(), 400, "two header lines");
     // Prohibited: forwarded without a key, refused with one.
-    assert_eq!(post(&gw.url("/search"), None, "{}").send().await.unwrap().status(), 201);
+    assert_eq!(
+        post(&gw.url("/search"), None, "{}")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
     let r = post(&gw.url("/search"), Some("k1"), "{}").send().await.unwrap();
     assert_eq!(slug(r).await, "idempotency-key-not-allowed");
     // Accepted without a key: forwarded, not deduplicated.
@@ -216,11 +289,18 @@ async fn policies_and_key_validation() {
     assert_eq!(up.counts.total(), before + 2);
     // handler_internal: the header is forwarded untouched and nothing is deduplicated.
     for _ in 0..2 {
-        post(&gw.url("/internal/1"), Some("raw key, untouched"), "{}").send().await.unwrap();
+        post(&gw.url("/internal/1"), Some("raw key, untouched"), "{}")
+            .send()
+            .await
+            .unwrap();
     }
     assert_eq!(up.counts.for_key("raw key, untouched"), 2);
     // No route.
-    let r = common::client().get(gw.url("/api/v1/orders")).send().await.unwrap();
+    let r = common::client()
+        .get(gw.url("/api/v1/orders"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 404);
     assert_eq!(slug(r).await, "not-found");
     // Nothing above reached the upstream with a key it should not have.
@@ -231,25 +311,45 @@ async fn policies_and_key_validation() {
 async fn upstream_failures_release_the_key() {
     let up = Upstream::start().await;
     let dead = common::free_addr();
-    let dead_up = Upstream { addr: dead, counts: up.counts.clone() };
+    let dead_up = Upstream {
+        addr: dead,
+        counts: up.counts.clone(),
+    };
     let gw = Gateway::start(&dead_up, "memory", "").await;
     let k = key("down");
-    let r = post(&gw.url("/api/v1/orders"), Some(&k), "{}").send().await.unwrap();
+    let r = post(&gw.url("/api/v1/orders"), Some(&k), "{}")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 502);
     assert!(header(&r, "x-operation-id").is_some());
     assert_eq!(slug(r).await, "upstream-unavailable");
     // Released: the retry executes again (and fails again), rather than being told in flight.
-    let r = post(&gw.url("/api/v1/orders"), Some(&k), "{}").send().await.unwrap();
+    let r = post(&gw.url("/api/v1/orders"), Some(&k), "{}")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 502);
 
     // Timeout: the upstream takes longer than `timeout: 5s`.
     let gw = Gateway::start(&up, "memory", "").await;
     let k = key("slow");
-    let r = post(&gw.url("/api/v1/orders"), Some(&k), "{}").header("x-demo-delay-ms", "6000").send().await.unwrap();
+    let r = post(&gw.url("/api/v1/orders"), Some(&k), "{}")
+        .header("x-demo-delay-ms", "6000")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 504);
     assert_eq!(slug(r).await, "upstream-timeout");
-    let r = post(&gw.url("/api/v1/orders"), Some(&k), "{}").send().await.unwrap();
-    assert_eq!(r.status(), 201, "released after the timeout, so the retry executes");
+    let r = post(&gw.url("/api/v1/orders"), Some(&k), "{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        201,
+        "released after the timeout, so the retry executes"
+    );
     assert!(header(&r, "idempotent-replayed").is_none());
 }
 
@@ -259,11 +359,20 @@ async fn raw_keys_never_reach_the_log() {
     let gw = Gateway::start(&up, "memory", "").await;
     let k = key("secret-key-material");
     for _ in 0..2 {
-        post(&gw.url("/api/v1/orders"), Some(&k), "{}").send().await.unwrap();
+        post(&gw.url("/api/v1/orders"), Some(&k), "{}")
+            .send()
+            .await
+            .unwrap();
     }
-    post(&gw.url("/api/v1/orders"), Some(&k), "{\"x\":1}").send().await.unwrap();
+    post(&gw.url("/api/v1/orders"), Some(&k), "{\"x\":1}")
+        .send()
+        .await
+        .unwrap();
     let log = gw.log();
-    assert!(log.contains("\"idempotency_key_namespaced\""), "access lines are written: {log}");
+    assert!(
+        log.contains("\"idempotency_key_namespaced\""),
+        "access lines are written: {log}"
+    );
     assert!(log.contains("\"cache_hit\":true"));
     assert!(!log.contains(&k), "the raw key leaked into the log");
 }

@@ -18,13 +18,23 @@ macro_rules! not_yet {
             fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 // Consume the value first so the parser reports the error at its position.
                 serde::de::IgnoredAny::deserialize(d)?;
-                Err(serde::de::Error::custom(concat!("`", $key, "`: ", $what, " is not supported yet")))
+                Err(serde::de::Error::custom(concat!(
+                    "`",
+                    $key,
+                    "`: ",
+                    $what,
+                    " is not supported yet"
+                )))
             }
         }
     };
 }
 
-not_yet!(IdentityNotYet, "identity", "identity (API keys, JWT, trusted headers)");
+not_yet!(
+    IdentityNotYet,
+    "identity",
+    "identity (API keys, JWT, trusted headers)"
+);
 not_yet!(WebhooksNotYet, "webhooks", "webhooks (case B providers)");
 not_yet!(StatusNotYet, "status", "the status probe");
 not_yet!(TargetNotYet, "target", "a Restate target");
@@ -41,9 +51,11 @@ pub struct Dur(pub Duration);
 impl<'de> Deserialize<'de> for Dur {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        humantime::parse_duration(&s)
-            .map(Dur)
-            .map_err(|e| serde::de::Error::custom(format!("invalid duration `{s}`: {e} (examples: 250ms, 30s, 10m, 24h, 7d)")))
+        humantime::parse_duration(&s).map(Dur).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "invalid duration `{s}`: {e} (examples: 250ms, 30s, 10m, 24h, 7d)"
+            ))
+        })
     }
 }
 
@@ -64,7 +76,9 @@ impl<'de> Deserialize<'de> for Size {
             Raw::S(s) => s
                 .parse::<bytesize::ByteSize>()
                 .map(|b| Size(b.as_u64()))
-                .map_err(|e| serde::de::Error::custom(format!("invalid size `{s}`: {e} (examples: 512KiB, 1MiB)"))),
+                .map_err(|e| {
+                    serde::de::Error::custom(format!("invalid size `{s}`: {e} (examples: 512KiB, 1MiB)"))
+                }),
         }
     }
 }

@@ -15,8 +15,8 @@ use idemgate_core::engine::{Concurrency, LeaseExpiry, Policy};
 use idemgate_core::key::KeyRules;
 use idemgate_core::namespace::Scope;
 
-pub use file::{OnStoreError, PolicyKind, StoreKind};
 use file::{ConcurrentFile, FileConfig, LeaseExpiryFile, OneOrMany, RouteFile, Settings};
+pub use file::{OnStoreError, PolicyKind, StoreKind};
 
 use crate::routes::{Methods, PathTemplate, Table};
 
@@ -146,7 +146,8 @@ fn route_line(text: &str, id: &str) -> String {
     text.lines()
         .position(|l| {
             let l = l.trim_start().trim_start_matches("- ").trim_start();
-            l.strip_prefix("id:").is_some_and(|v| v.trim().trim_matches(['"', '\'']) == id)
+            l.strip_prefix("id:")
+                .is_some_and(|v| v.trim().trim_matches(['"', '\'']) == id)
         })
         .map_or_else(String::new, |i| format!("line {}: ", i + 1))
 }
@@ -190,9 +191,16 @@ fn resolve(file: FileConfig, text: &str) -> Result<Config, ConfigError> {
     }
     Ok(Config {
         listen,
-        max_request_body: usize::try_from(file.server.max_request_body.map_or(DEFAULT_MAX_REQUEST_BODY, |s| s.0))
-            .unwrap_or(usize::MAX),
-        shutdown_timeout: file.server.shutdown_timeout.map_or(Duration::from_secs(30), |d| d.0),
+        max_request_body: usize::try_from(
+            file.server
+                .max_request_body
+                .map_or(DEFAULT_MAX_REQUEST_BODY, |s| s.0),
+        )
+        .unwrap_or(usize::MAX),
+        shutdown_timeout: file
+            .server
+            .shutdown_timeout
+            .map_or(Duration::from_secs(30), |d| d.0),
         store,
         routes: Table::new(entries),
     })
@@ -203,13 +211,19 @@ fn resolve_store(s: &file::StoreFile) -> Result<StoreConfig, ConfigError> {
         StoreKind::Redis | StoreKind::Postgres => {
             return Err(ConfigError(format!(
                 "store.kind: `{}` is not supported yet (memory and embedded are)",
-                if s.kind == StoreKind::Redis { "redis" } else { "postgres" }
+                if s.kind == StoreKind::Redis {
+                    "redis"
+                } else {
+                    "postgres"
+                }
             )));
         }
         StoreKind::Memory | StoreKind::Embedded => {}
     }
     if s.url.is_some() {
-        return Err(ConfigError("store.url: only the redis and postgres stores take a url".into()));
+        return Err(ConfigError(
+            "store.url: only the redis and postgres stores take a url".into(),
+        ));
     }
     Ok(StoreConfig {
         kind: s.kind,
@@ -238,10 +252,12 @@ fn resolve_route(
 ) -> Result<Route, RouteError> {
     let methods = parse_methods(&rf.method).map_err(|why| ("method", why))?;
     let path = PathTemplate::parse(&rf.path).map_err(|e| ("path", e.to_string()))?;
-    let upstream = upstreams
-        .get(&rf.upstream)
-        .cloned()
-        .ok_or_else(|| ("upstream", format!("`{}` is not defined under `upstreams`", rf.upstream)))?;
+    let upstream = upstreams.get(&rf.upstream).cloned().ok_or_else(|| {
+        (
+            "upstream",
+            format!("`{}` is not defined under `upstreams`", rf.upstream),
+        )
+    })?;
     if rf.policy == PolicyKind::Webhook {
         return Err(("policy", "`webhook` routes are not supported yet".into()));
     }
@@ -252,17 +268,21 @@ fn resolve_route(
         if p != idemgate_core::namespace::PROJECT_TENANT && p != idemgate_core::namespace::PROJECT_PLATFORM {
             return Err(("project", format!("`{p}` must be `_tenant` or `_platform`")));
         }
-        return Err(("project", "project sentinels need `identity`, which is not supported yet".into()));
+        return Err((
+            "project",
+            "project sentinels need `identity`, which is not supported yet".into(),
+        ));
     }
     // Without identity there is no principal, so the default scope is global (SPEC 4.1: the
     // default is `subject` once identity is configured).
     let scope = rf.scope.unwrap_or(Scope::Global);
     let s = rf.settings().or(defaults);
     let header = header_name(s.header.as_deref().unwrap_or("Idempotency-Key")).map_err(|w| ("header", w))?;
-    let replayed_header =
-        header_name(s.replayed_header.as_deref().unwrap_or("Idempotent-Replayed")).map_err(|w| ("replayed_header", w))?;
+    let replayed_header = header_name(s.replayed_header.as_deref().unwrap_or("Idempotent-Replayed"))
+        .map_err(|w| ("replayed_header", w))?;
     let keys = KeyRules::new(
-        s.max_key_length.unwrap_or(idemgate_core::key::DEFAULT_MAX_KEY_LEN),
+        s.max_key_length
+            .unwrap_or(idemgate_core::key::DEFAULT_MAX_KEY_LEN),
         s.key_pattern.as_deref(),
         s.reserved_prefixes
             .clone()
@@ -283,9 +303,9 @@ fn resolve_route(
             Some(LeaseExpiryFile::Retry) | None => LeaseExpiry::Retry,
         },
         store_server_errors: s.store_server_errors.unwrap_or(false),
-        max_response_bytes: s
-            .max_response_bytes
-            .map_or(base.max_response_bytes, |b| usize::try_from(b.0).unwrap_or(usize::MAX)),
+        max_response_bytes: s.max_response_bytes.map_or(base.max_response_bytes, |b| {
+            usize::try_from(b.0).unwrap_or(usize::MAX)
+        }),
     };
     if engine.lease < Duration::from_millis(100) {
         return Err(("lease", "must be at least 100ms".into()));

@@ -79,8 +79,14 @@ fn unknown_keys_are_named_with_their_line() {
 #[test]
 fn unlanded_features_are_refused_not_ignored() {
     let e = err(&format!("{MINIMAL}identity:\n  api_keys:\n    file: ./k.yaml\n"));
-    assert!(e.contains("not supported yet") && e.contains("identity") && e.contains("line 37"), "{e}");
-    let e = err(&MINIMAL.replace("policy: accepted", "policy: accepted\n    status: {resource_id: /id, probe: http://x}"));
+    assert!(
+        e.contains("not supported yet") && e.contains("identity") && e.contains("line 37"),
+        "{e}"
+    );
+    let e = err(&MINIMAL.replace(
+        "policy: accepted",
+        "policy: accepted\n    status: {resource_id: /id, probe: http://x}",
+    ));
     assert!(e.contains("status") && e.contains("not supported yet"), "{e}");
     let e = err(&MINIMAL.replace("    timeout: 250ms", "    kind: restate"));
     assert!(e.contains("restate") && e.contains("not supported yet"), "{e}");
@@ -99,8 +105,14 @@ fn the_example_file_is_refused_only_for_unlanded_features() {
 fn bad_values_name_the_key() {
     let e = err(&MINIMAL.replace("retention: 30d", "retention: forever"));
     assert!(e.contains("forever") && e.contains("line"), "{e}");
-    let e = err(&MINIMAL.replace("upstream: orders\n    policy: required", "upstream: nowhere\n    policy: required"));
-    assert!(e.contains("routes[0] (refund).upstream") && e.contains("line 24"), "{e}");
+    let e = err(&MINIMAL.replace(
+        "upstream: orders\n    policy: required",
+        "upstream: nowhere\n    policy: required",
+    ));
+    assert!(
+        e.contains("routes[0] (refund).upstream") && e.contains("line 24"),
+        "{e}"
+    );
     let e = err(&MINIMAL.replace("/api/v1/orders/{order_id}/refunds", "/a/**/b"));
     assert!(e.contains(".path"), "{e}");
     let e = err(&MINIMAL.replace("max_key_length: 64", "key_pattern: \"([\""));

@@ -119,7 +119,11 @@ impl Gateway {
         let addr = free_addr();
         let yaml = format!(
             "server:\n  listen: {addr}\n  shutdown_timeout: 10s\n{server}store:\n  kind: {store}\n{path}upstreams:\n  app:\n    url: http://{up}\n    timeout: 5s\nidempotency:\n  lease: 1s\n  wait_timeout: 10s\n{idempotency}{ROUTES}",
-            path = if store == "embedded" { format!("  path: {}\n", dir.path().join("data").display()) } else { String::new() },
+            path = if store == "embedded" {
+                format!("  path: {}\n", dir.path().join("data").display())
+            } else {
+                String::new()
+            },
             up = upstream.addr,
         );
         let config = dir.path().join("idemgate.yaml");
@@ -137,7 +141,11 @@ impl Gateway {
     }
 
     async fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_idemgate"))
             .args(["serve", "--config"])
             .arg(&self.config)
@@ -149,7 +157,10 @@ impl Gateway {
             .spawn()
             .unwrap();
         self.child = Some(child);
-        wait_until(Duration::from_secs(10), || std::net::TcpStream::connect(self.addr).is_ok()).await;
+        wait_until(Duration::from_secs(10), || {
+            std::net::TcpStream::connect(self.addr).is_ok()
+        })
+        .await;
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -167,7 +178,10 @@ impl Gateway {
     /// SIGTERM, then wait for the exit (bounded).
     pub async fn sigterm(&mut self) -> std::process::ExitStatus {
         let mut c = self.child.take().expect("running");
-        Command::new("kill").args(["-TERM", &c.id().to_string()]).status().unwrap();
+        Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status()
+            .unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(status) = c.try_wait().unwrap() {

@@ -1,0 +1,68 @@
+//! HTTP framing at the edge: smuggling shapes refused before anything is forwarded, body
+//! limits, over raw sockets so the client library cannot tidy the request up.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::{Gateway, Upstream};
+
+fn raw(gw: &Gateway, request: &str) -> String {
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    // Read to EOF: a refused framing must also close the connection.
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smuggling_shapes_are_refused_and_nothing_is_forwarded() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&up, "memory", "").await;
+    let cases = [
+        "POST /anything HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        "POST /anything HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n",
+        "POST /anything HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}",
+        "POST /anything HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}x",
+        "POST /anything HTTP/1.1\r\nHost: x\r\nContent-Length : 2\r\n\r\n{}",
+        "POST /anything HTTP/1.1\nHost: x\nContent-Length: 2\n\n{}",
+        "POST /anything HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n folded\r\nContent-Length: 2\r\n\r\n{}",
+        "POST /anything HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    ];
+    for case in cases {
+        let resp = raw(&gw, case);
+        assert!(resp.starts_with("HTTP/1.1 400"), "{case:?} -> {resp}");
+    }
+    assert_eq!(up.counts.total(), 0, "the upstream received nothing");
+    // A clean request on a kept-alive connection after a chunked one still goes through.
+    let ok = raw(
+        &gw,
+        "POST /anything HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\nPOST /anything HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+    );
+    assert_eq!(ok.matches("HTTP/1.1 201").count(), 2, "{ok}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_over_the_limit_are_413() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start_with(&up, "memory", "", "  max_request_body: 1KiB\n").await;
+    let body = "x".repeat(2048);
+    let resp = raw(
+        &gw,
+        &format!(
+            "POST /api/v1/orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: big\r\nContent-Length: 2048\r\n\r\n{body}"
+        ),
+    );
+    assert!(resp.starts_with("HTTP/1.1 413"), "{resp}");
+    assert!(resp.contains("payload-too-large"));
+    let chunked = format!(
+        "POST /api/v1/orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: big2\r\nTransfer-Encoding: chunked\r\n\r\n800\r\n{body}\r\n0\r\n\r\n"
+    );
+    let resp = raw(&gw, &chunked);
+    assert!(resp.starts_with("HTTP/1.1 413"), "chunked: {resp}");
+    assert_eq!(up.counts.total(), 0);
+}
