@@ -197,6 +197,10 @@ impl Gateway {
         self.spawn().await;
     }
 
+    pub fn config_path(&self) -> &str {
+        self.config.to_str().unwrap()
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
