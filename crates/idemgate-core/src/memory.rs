@@ -204,3 +204,51 @@ impl Store for MemoryStore {
         &self.notifier
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fingerprint::Fingerprint;
+
+    fn req(token: LeaseToken, now: Millis) -> BeginRequest<'static> {
+        BeginRequest {
+            fingerprint: Fingerprint([1; 32]),
+            route: "r",
+            token,
+            operation_id: "op",
+            lease_ms: 1_000,
+            retention_ms: 10_000,
+            takeover: true,
+            now,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_store_refuses_new_keys_but_never_evicts_live_ones() {
+        let store = MemoryStore::new(1_000);
+        let mut held = Vec::new();
+        let mut i = 0;
+        let refused = loop {
+            let key = format!("k{i}");
+            match store.begin(&key, &req(LeaseToken::random(), 0)).await {
+                Ok(Begin::Acquired { .. }) => held.push(key),
+                Err(StoreError::Full) => break key,
+                other => panic!("{other:?}"),
+            }
+            i += 1;
+        };
+        assert!(!held.is_empty());
+        // Every live record is still there, and the refused key left nothing behind.
+        for key in &held {
+            assert!(store.get(key, 0).await.unwrap().is_some(), "{key} was evicted");
+        }
+        assert!(store.get(&refused, 0).await.unwrap().is_none());
+        // Once records expire and are swept, there is room again.
+        assert_eq!(store.sweep(20_000), held.len());
+        assert_eq!(store.used_bytes(), 0);
+        assert!(matches!(
+            store.begin(&refused, &req(LeaseToken::random(), 20_000)).await,
+            Ok(Begin::Acquired { .. })
+        ));
+    }
+}

@@ -116,9 +116,15 @@ fn acquire(req: &BeginRequest<'_>, operation_id: String, generation: u64, took_o
         route: req.route.to_owned(),
         operation_id: operation_id.clone(),
         created_at: req.now,
-        // An in-flight record lives as long as a completed one would: under
-        // `on_lease_expiry: fail` a dead owner's key answers `outcome-unknown` for that long.
-        expires_at: req.now + req.lease_ms.max(req.retention_ms),
+        // With takeover, a dead owner's record lives as long as a completed one would. Without
+        // (`on_lease_expiry: fail`, money movement) it never expires: the key answers
+        // `outcome-unknown` until an operator purges it (SPEC 4), because letting it lapse
+        // would let the operation run twice.
+        expires_at: if req.takeover {
+            req.now + req.lease_ms.max(req.retention_ms)
+        } else {
+            Millis::MAX
+        },
         generation,
     };
     (

@@ -164,6 +164,27 @@ pub async fn lease_expiry_takeover_and_fencing<S: Store>(store: Arc<S>) {
     assert_eq!(rec.token(), fresh);
 }
 
+/// Without takeover (`on_lease_expiry: fail`) a dead owner's record never lapses: the key stays
+/// outcome-unknown until purged.
+pub async fn no_takeover_records_never_expire<S: Store>(store: Arc<S>) {
+    let key = unique_key("fail");
+    let now = now_millis();
+    assert_acquired(
+        &store
+            .begin(&key, &req(LeaseToken::random(), fp(1), now, false))
+            .await
+            .unwrap(),
+    );
+    let decade = now + 10 * 365 * 86_400_000;
+    let b = store
+        .begin(&key, &req(LeaseToken::random(), fp(1), decade, false))
+        .await
+        .unwrap();
+    assert!(matches!(b, Begin::LeaseExpired { .. }), "{b:?}");
+    assert!(store.get(&key, decade).await.unwrap().is_some());
+    assert!(store.purge(&key).await.unwrap());
+}
+
 /// Renewal keeps a lease alive past its first end.
 pub async fn renew_extends_lease<S: Store>(store: Arc<S>) {
     let key = unique_key("renew");
@@ -352,7 +373,7 @@ macro_rules! store_conformance {
     ($make:expr) => {
         $crate::store_conformance!(@tests $make;
             concurrent_begin_race, replay_and_mismatch, lease_expiry_takeover_and_fencing,
-            renew_extends_lease, release_frees_key, retention_expiry,
+            no_takeover_records_never_expire, renew_extends_lease, release_frees_key, retention_expiry,
             retried_operations_are_idempotent, large_values, purge,
             waiters_woken_on_complete_and_release);
     };

@@ -17,6 +17,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use idemgate_core::notify::Notifier;
@@ -40,6 +41,7 @@ const FORMAT: u8 = 1;
 /// A durable record store in one redb file.
 pub struct EmbeddedStore {
     db: Arc<Database>,
+    commits: Arc<AtomicU64>,
     ops: mpsc::UnboundedSender<Op>,
     notifier: Arc<Notifier>,
     path: PathBuf,
@@ -131,16 +133,25 @@ impl EmbeddedStore {
         let (tx, rx) = mpsc::unbounded_channel();
         let writer_db = db.clone();
         let writer_notifier = notifier.clone();
+        let commits = Arc::new(AtomicU64::new(0));
+        let writer_commits = commits.clone();
         std::thread::Builder::new()
             .name("idemgate-embedded-writer".into())
-            .spawn(move || writer(&writer_db, rx, &writer_notifier))
+            .spawn(move || writer(&writer_db, rx, &writer_notifier, &writer_commits))
             .map_err(StoreError::backend)?;
         Ok(Self {
             db,
+            commits,
             ops: tx,
             notifier,
             path,
         })
+    }
+
+    /// Durable commits so far (each carries a batch of operations).
+    #[must_use]
+    pub fn commits(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
     }
 
     /// Deletes records expired at `now`, at most one batch; returns how many.
@@ -318,7 +329,7 @@ impl Reply {
 }
 
 /// The writer thread: drains the queue into batches, one durable commit per batch.
-fn writer(db: &Database, mut rx: mpsc::UnboundedReceiver<Op>, notifier: &Notifier) {
+fn writer(db: &Database, mut rx: mpsc::UnboundedReceiver<Op>, notifier: &Notifier, commits: &AtomicU64) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = rx.blocking_recv() {
         batch.push(first);
@@ -331,7 +342,10 @@ fn writer(db: &Database, mut rx: mpsc::UnboundedReceiver<Op>, notifier: &Notifie
         let mut replies = Vec::with_capacity(batch.len());
         let committed = apply_batch(db, batch.drain(..), &mut replies);
         match committed {
-            Ok(()) => replies.into_iter().for_each(|r| r.send(notifier)),
+            Ok(()) => {
+                commits.fetch_add(1, Ordering::Relaxed);
+                replies.into_iter().for_each(|r| r.send(notifier));
+            }
             Err(e) => {
                 tracing::error!(error = %e, "embedded store commit failed");
                 let msg = format!("commit failed: {e}");
@@ -476,5 +490,113 @@ impl Tables<'_, '_> {
             }
         }
         Ok(due.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idemgate_core::Fingerprint;
+
+    fn req(token: LeaseToken, now: Millis) -> BeginRequest<'static> {
+        BeginRequest {
+            fingerprint: Fingerprint([1; 32]),
+            route: "r",
+            token,
+            operation_id: "op",
+            lease_ms: 1_000,
+            retention_ms: 5_000,
+            takeover: true,
+            now,
+        }
+    }
+
+    fn open() -> (tempfile::TempDir, Arc<EmbeddedStore>) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(EmbeddedStore::open(dir.path()).unwrap());
+        (dir, store)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_writes_share_commits() {
+        let (_dir, store) = open();
+        let before = store.commits();
+        let tasks: Vec<_> = (0..200)
+            .map(|i| {
+                let store = store.clone();
+                tokio::spawn(
+                    async move { store.begin(&format!("k{i}"), &req(LeaseToken::random(), 0)).await },
+                )
+            })
+            .collect();
+        for t in tasks {
+            assert!(matches!(t.await.unwrap(), Ok(Begin::Acquired { .. })));
+        }
+        let commits = store.commits() - before;
+        assert!(
+            commits < 200,
+            "200 durable begins took {commits} commits: no group commit"
+        );
+    }
+
+    #[tokio::test]
+    async fn sweep_deletes_only_what_is_due_in_batches() {
+        let (_dir, store) = open();
+        for i in 0..(SWEEP_BATCH + 10) {
+            let token = LeaseToken::random();
+            let key = format!("old{i}");
+            store.begin(&key, &req(token, 0)).await.unwrap();
+            store
+                .complete(
+                    &key,
+                    token,
+                    StoredResponse {
+                        status: 200,
+                        headers: vec![],
+                        body: None,
+                    },
+                    5_000,
+                    0,
+                )
+                .await
+                .unwrap();
+        }
+        store
+            .begin("young", &req(LeaseToken::random(), 4_000))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.sweep(6_000).await.unwrap(),
+            SWEEP_BATCH,
+            "one batch at a time"
+        );
+        assert_eq!(store.sweep(6_000).await.unwrap(), 10);
+        assert_eq!(store.sweep(6_000).await.unwrap(), 0);
+        assert!(
+            store.get("young", 6_000).await.unwrap().is_some(),
+            "live records stay"
+        );
+        assert!(
+            store.read("old3").unwrap().is_none(),
+            "expired records are gone from disk"
+        );
+    }
+
+    #[test]
+    fn records_round_trip_and_unknown_formats_are_corrupt() {
+        let rec = Record {
+            state: idemgate_core::RecordState::InFlight {
+                token: LeaseToken(7),
+                lease_until: 9,
+            },
+            fingerprint: Fingerprint([3; 32]),
+            route: "r".into(),
+            operation_id: "op".into(),
+            created_at: 1,
+            expires_at: 2,
+            generation: 1,
+        };
+        assert_eq!(decode(&encode(&rec)).unwrap(), rec);
+        assert!(matches!(decode(&[9, 1, 2]), Err(StoreError::Corrupt(_))));
     }
 }
