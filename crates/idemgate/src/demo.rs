@@ -4,7 +4,8 @@
 //! Every POST/PATCH creates an order and answers `201 {"id":"ord_N","execution":N,...}`.
 //! Request headers let a tour or a test shape the answer (the demo is not a product surface):
 //! `x-demo-status` (answer this status), `x-demo-delay-ms` (sleep first), `x-demo-body-bytes`
-//! (pad the body to this size), `x-demo-set-cookie` (send a Set-Cookie).
+//! (pad the body to this size), `x-demo-set-cookie` (send a Set-Cookie), `x-demo-echo-headers`
+//! (list the request header names it received in `headers`).
 //! `GET /executions` answers the execution count; `GET /executions/{key}` the count for one
 //! `Idempotency-Key` value as received.
 
@@ -89,6 +90,10 @@ async fn handle(req: Request<Incoming>, counts: Arc<Counts>) -> Result<Response<
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
     let cookie = header(&req, "x-demo-set-cookie").is_some();
+    let echo = header(&req, "x-demo-echo-headers").is_some().then(|| {
+        let names: Vec<String> = req.headers().keys().map(|k| format!("\"{k}\"")).collect();
+        names.join(",")
+    });
     let key = header(&req, "idempotency-key").map(str::to_owned);
     let n = counts.total.fetch_add(1, Ordering::SeqCst) + 1;
     if let Some(key) = key {
@@ -112,6 +117,11 @@ async fn handle(req: Request<Incoming>, counts: Arc<Counts>) -> Result<Response<
         "{{\"id\":\"ord_{n}\",\"execution\":{n},\"request_bytes\":{}",
         body.len()
     );
+    if let Some(names) = echo {
+        json.push_str(",\"headers\":[");
+        json.push_str(&names);
+        json.push(']');
+    }
     if pad > json.len() + 12 {
         json.push_str(",\"pad\":\"");
         json.push_str(&"x".repeat(pad - json.len() - 2));

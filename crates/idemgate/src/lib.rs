@@ -5,6 +5,7 @@
 //! - [`routes`]: path templates and first-match routing.
 //! - [`proxy`]: the request phases (framing, route, policy, dedup, execute).
 //! - [`framing`]: a strict second reading of request heads against smuggling shapes.
+//! - [`openapi`]: the OpenAPI document of the client-facing routes.
 //! - [`problem`]: RFC 9457 responses, the one place mapping refusals to status codes.
 //! - [`store`]: the configured store behind one enum.
 //! - [`server`]: the listener and graceful shutdown.
@@ -16,6 +17,7 @@ pub mod body;
 pub mod config;
 pub mod demo;
 pub mod framing;
+pub mod openapi;
 pub mod problem;
 pub mod proxy;
 pub mod routes;

@@ -45,6 +45,11 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Print an OpenAPI 3.1 document of the client-facing routes, with each one's policy.
+    Openapi {
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// Inspect or purge a record of a stopped gateway's embedded store.
     Records {
         #[command(subcommand)]
@@ -96,6 +101,19 @@ fn main() -> ExitCode {
             }
         }
         Command::Records { action } => records(action),
+        Command::Openapi { config } => match Config::load(&config) {
+            Ok(c) => {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&idemgate::openapi::document(&c)).unwrap_or_default()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("idemgate: {e}");
+                ExitCode::from(EXIT_CONFIG)
+            }
+        },
     }
 }
 

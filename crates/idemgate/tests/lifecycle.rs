@@ -376,3 +376,38 @@ async fn raw_keys_never_reach_the_log() {
     assert!(log.contains("\"cache_hit\":true"));
     assert!(!log.contains(&k), "the raw key leaked into the log");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hop_by_hop_headers_are_not_forwarded() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&up, "memory", "").await;
+    let r = post(&gw.url("/api/v1/orders"), Some(&key("hop")), "{}")
+        .header("x-demo-echo-headers", "1")
+        .header("connection", "keep-alive, x-private-hop")
+        .header("x-private-hop", "1")
+        .header("keep-alive", "timeout=5")
+        .header("te", "trailers")
+        .header("proxy-authorization", "Basic c2VjcmV0")
+        .send()
+        .await
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+    let seen: Vec<&str> = v["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h.as_str().unwrap())
+        .collect();
+    for hop in ["x-private-hop", "keep-alive", "te", "proxy-authorization"] {
+        assert!(!seen.contains(&hop), "{hop} was forwarded: {seen:?}");
+    }
+    for kept in [
+        "x-forwarded-for",
+        "x-forwarded-host",
+        "x-operation-id",
+        "idempotency-key",
+        "content-type",
+    ] {
+        assert!(seen.contains(&kept), "{kept} missing: {seen:?}");
+    }
+}
