@@ -304,6 +304,56 @@ impl<S: Store> Engine<S> {
     }
 }
 
+/// What [`Engine::lookup`] found for a key (recovery routes, SPEC 5).
+#[derive(Debug)]
+pub enum Lookup {
+    /// A completed record (its response may lack a body: not retained).
+    Completed(Box<crate::record::Record>),
+    /// An owner is (or was, if its lease ran out and nobody retried) running.
+    InFlight { operation_id: String, route: String },
+    /// No record.
+    Unknown,
+}
+
+impl<S: Store> Engine<S> {
+    /// Reads a key's outcome without taking it. With `wait`, an in-flight key is waited on (by
+    /// notification) for up to that long before answering `InFlight`.
+    ///
+    /// # Errors
+    /// A store error.
+    pub async fn lookup(&self, key: &str, wait: Option<Duration>) -> Result<Lookup, StoreError> {
+        let wait_until = now_millis() + wait.map_or(0, millis);
+        let mut subscription = None;
+        loop {
+            let now = now_millis();
+            let Some(record) = self.store.get(key, now).await? else {
+                return Ok(Lookup::Unknown);
+            };
+            let RecordState::InFlight { lease_until, .. } = record.state else {
+                return Ok(Lookup::Completed(Box::new(record)));
+            };
+            if now >= wait_until {
+                return Ok(Lookup::InFlight {
+                    operation_id: record.operation_id,
+                    route: record.route,
+                });
+            }
+            let Some(sub) = subscription.as_mut() else {
+                subscription = Some(self.store.notifier().subscribe(key));
+                continue;
+            };
+            let wake_at = if lease_until > now {
+                wait_until.min(lease_until + 1)
+            } else {
+                wait_until
+            };
+            let nap = Duration::from_millis(wake_at.saturating_sub(now_millis()));
+            let _ = tokio::time::timeout(nap, sub.notified()).await;
+            subscription = Some(self.store.notifier().subscribe(key));
+        }
+    }
+}
+
 /// A new operation id: a UUIDv7, time-ordered so ids sort by creation.
 #[must_use]
 pub fn new_operation_id() -> String {

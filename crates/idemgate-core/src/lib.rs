@@ -21,7 +21,7 @@ pub mod record;
 pub mod rules;
 pub mod store;
 
-pub use engine::{Concurrency, Engine, Execution, Finished, LeaseExpiry, Outcome, Policy, Started};
+pub use engine::{Concurrency, Engine, Execution, Finished, LeaseExpiry, Lookup, Outcome, Policy, Started};
 pub use fingerprint::Fingerprint;
 pub use memory::MemoryStore;
 pub use record::{LeaseToken, Millis, Record, RecordState, StoredResponse};

@@ -19,6 +19,8 @@ pub struct AccessLog {
     pub cache_hit: bool,
     /// What the engine did: `executed`, `replayed`, `released`, `refused`, `forwarded`, ...
     pub outcome: &'static str,
+    pub tenant: String,
+    pub project: String,
 }
 
 impl AccessLog {
@@ -35,6 +37,16 @@ impl AccessLog {
             operation_id: String::new(),
             cache_hit: false,
             outcome: "forwarded",
+            tenant: String::new(),
+            project: String::new(),
+        }
+    }
+
+    /// Records who called (tenant and project only: the subject may identify a person).
+    pub fn set_principal(&mut self, p: Option<&idemgate_core::namespace::Principal>) {
+        if let Some(p) = p {
+            self.tenant.clone_from(&p.tenant);
+            self.project.clone_from(&p.project);
         }
     }
 
@@ -51,8 +63,8 @@ impl AccessLog {
             operation_id = %self.operation_id,
             cache_hit = self.cache_hit,
             outcome = self.outcome,
-            tenant = "",
-            project = "",
+            tenant = %self.tenant,
+            project = %self.project,
             status,
             latency_ms = self.started.elapsed().as_secs_f64() * 1000.0,
             "request"

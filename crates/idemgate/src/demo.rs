@@ -5,7 +5,7 @@
 //! Request headers let a tour or a test shape the answer (the demo is not a product surface):
 //! `x-demo-status` (answer this status), `x-demo-delay-ms` (sleep first), `x-demo-body-bytes`
 //! (pad the body to this size), `x-demo-set-cookie` (send a Set-Cookie), `x-demo-echo-headers`
-//! (list the request header names it received in `headers`).
+//! (the request headers it received, as a `headers` object).
 //! `GET /executions` answers the execution count; `GET /executions/{key}` the count for one
 //! `Idempotency-Key` value as received.
 
@@ -91,8 +91,12 @@ async fn handle(req: Request<Incoming>, counts: Arc<Counts>) -> Result<Response<
         .unwrap_or(0);
     let cookie = header(&req, "x-demo-set-cookie").is_some();
     let echo = header(&req, "x-demo-echo-headers").is_some().then(|| {
-        let names: Vec<String> = req.headers().keys().map(|k| format!("\"{k}\"")).collect();
-        names.join(",")
+        let pairs: serde_json::Map<String, serde_json::Value> = req
+            .headers()
+            .iter()
+            .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into()))
+            .collect();
+        serde_json::Value::Object(pairs).to_string()
     });
     let key = header(&req, "idempotency-key").map(str::to_owned);
     let n = counts.total.fetch_add(1, Ordering::SeqCst) + 1;
@@ -117,10 +121,9 @@ async fn handle(req: Request<Incoming>, counts: Arc<Counts>) -> Result<Response<
         "{{\"id\":\"ord_{n}\",\"execution\":{n},\"request_bytes\":{}",
         body.len()
     );
-    if let Some(names) = echo {
-        json.push_str(",\"headers\":[");
-        json.push_str(&names);
-        json.push(']');
+    if let Some(headers) = echo {
+        json.push_str(",\"headers\":");
+        json.push_str(&headers);
     }
     if pad > json.len() + 12 {
         json.push_str(",\"pad\":\"");

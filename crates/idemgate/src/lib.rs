@@ -5,6 +5,7 @@
 //! - [`routes`]: path templates and first-match routing.
 //! - [`proxy`]: the request phases (framing, route, policy, dedup, execute).
 //! - [`framing`]: a strict second reading of request heads against smuggling shapes.
+//! - [`identity`]: API keys, JWTs and trusted headers: who is calling.
 //! - [`openapi`]: the OpenAPI document of the client-facing routes.
 //! - [`problem`]: RFC 9457 responses, the one place mapping refusals to status codes.
 //! - [`store`]: the configured store behind one enum.
@@ -17,6 +18,7 @@ pub mod body;
 pub mod config;
 pub mod demo;
 pub mod framing;
+pub mod identity;
 pub mod openapi;
 pub mod problem;
 pub mod proxy;

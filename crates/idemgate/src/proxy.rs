@@ -21,22 +21,25 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idemgate_core::engine::{Engine, Execution, Finished, Outcome, Started, is_storable_header};
+use idemgate_core::engine::{Engine, Execution, Finished, Lookup, Outcome, Started, is_storable_header};
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::{KeyError, parse_header};
-use idemgate_core::namespace::{key_digest, namespaced_key};
-use idemgate_core::record::{Millis, StoredResponse};
+use idemgate_core::namespace::{Principal, key_digest, namespaced_key};
+use idemgate_core::record::{Millis, RecordState, StoredResponse};
 use tokio_util::task::TaskTracker;
 
 use crate::access_log::AccessLog;
 use crate::body::{Body, Prefixed, Read, full, read_limited, stream};
 use crate::config::{Config, OnStoreError, PolicyKind, Route};
 use crate::framing::Verdict;
+use crate::identity;
 use crate::problem::{Kind, Problem};
 use crate::store::AnyStore;
 
 /// `x-operation-id`: the record's id, identical on the first response and every replay.
 pub const OPERATION_ID: HeaderName = HeaderName::from_static("x-operation-id");
+/// `Idempotency-Status`: `processing` while a recovered key is still in flight (SPEC 5, 8).
+pub const IDEMPOTENCY_STATUS: HeaderName = HeaderName::from_static("idempotency-status");
 /// `Idempotency-Expires`: when the stored outcome stops being replayed (RFC 3339).
 pub const IDEMPOTENCY_EXPIRES: HeaderName = HeaderName::from_static("idempotency-expires");
 
@@ -127,6 +130,13 @@ impl Gateway {
         log: &mut AccessLog,
     ) -> Result<Response<Body>, Problem> {
         check_framing(req.headers())?;
+        if req.method() == http::Method::GET {
+            if let Some((route, raw, output)) = self.recovery_target(req.uri().path()) {
+                log.endpoint.clone_from(&route.id);
+                log.policy = "recovery";
+                return self.recover(&route, &req, peer, &raw, output, log).await;
+            }
+        }
         let Some(route) = self.config.routes.find(req.method(), req.uri().path()).cloned() else {
             return Err(Problem::new(
                 Kind::NotFound,
@@ -135,6 +145,8 @@ impl Gateway {
         };
         log.endpoint.clone_from(&route.id);
         log.policy = policy_name(route.policy);
+        let principal = self.identify(req.headers(), peer).await?;
+        log.set_principal(principal.as_ref());
         let key_lines = || {
             req.headers()
                 .get_all(&route.header)
@@ -184,18 +196,13 @@ impl Gateway {
             }
         };
         let Some(raw) = raw else {
-            return self.forward(&route, parts, body, peer).await;
+            return self.forward(&route, parts, body, peer, principal.as_ref()).await;
         };
         log.case = "A";
         log.source = "header";
-        let Ok(key) = namespaced_key(route.scope, None, &raw) else {
-            return Err(Problem::new(
-                Kind::Unauthenticated,
-                "this endpoint needs an authenticated caller",
-            ));
-        };
+        let key = namespace(&route, principal.as_ref(), &raw)?;
         log.key_digest = key_digest(&key);
-        self.dedup(route, parts, body, peer, key, log).await
+        self.dedup(route, parts, body, peer, principal, key, log).await
     }
 
     async fn dedup(
@@ -204,6 +211,7 @@ impl Gateway {
         parts: http::request::Parts,
         body: Bytes,
         peer: SocketAddr,
+        principal: Option<Principal>,
         key: String,
         log: &mut AccessLog,
     ) -> Result<Response<Body>, Problem> {
@@ -232,7 +240,7 @@ impl Gateway {
                     .retry_after(1)),
                     OnStoreError::FailOpen => {
                         log.outcome = "fail_open";
-                        self.forward(&route, parts, body, peer).await
+                        self.forward(&route, parts, body, peer, principal.as_ref()).await
                     }
                 };
             }
@@ -246,7 +254,7 @@ impl Gateway {
                 // Spawned and tracked: if the client goes away, the upstream call still runs to
                 // its end and its outcome is recorded.
                 self.tasks.spawn(async move {
-                    let resp = this.execute(&route, parts, body, peer, key, exec).await;
+                    let resp = this.execute(&route, parts, body, peer, principal.as_ref(), key, exec).await;
                     let _ = tx.send(resp);
                 });
                 rx.await
@@ -266,11 +274,7 @@ impl Gateway {
                 status,
                 operation_id,
                 ..
-            } => Err(Problem::new(
-                Kind::ResponseNotRetained,
-                format!("the original request completed with status {status}, but its body was too large to keep"),
-            )
-            .operation(operation_id)),
+            } => Err(not_retained(status, operation_id)),
             Started::Mismatch { operation_id } => Err(Problem::new(
                 Kind::KeyReused,
                 "this key was used for a request with a different body, method or endpoint",
@@ -297,12 +301,13 @@ impl Gateway {
         parts: http::request::Parts,
         body: Bytes,
         peer: SocketAddr,
+        principal: Option<&Principal>,
         key: String,
         exec: Execution<AnyStore>,
     ) -> Result<Response<Body>, Problem> {
         let op = exec.operation_id().to_owned();
         let upstream = self
-            .call_upstream(route, parts, body, peer, Some((&key, &op)))
+            .call_upstream(route, parts, body, peer, principal, Some((&key, &op)))
             .await;
         let resp = match upstream {
             Ok(resp) => resp,
@@ -342,8 +347,11 @@ impl Gateway {
         parts: http::request::Parts,
         body: Bytes,
         peer: SocketAddr,
+        principal: Option<&Principal>,
     ) -> Result<Response<Body>, Problem> {
-        let resp = self.call_upstream(route, parts, body, peer, None).await?;
+        let resp = self
+            .call_upstream(route, parts, body, peer, principal, None)
+            .await?;
         let (mut head, body) = resp.into_parts();
         strip_hop_by_hop(&mut head.headers);
         Ok(Response::from_parts(head, stream(body)))
@@ -355,12 +363,14 @@ impl Gateway {
         mut parts: http::request::Parts,
         body: Bytes,
         peer: SocketAddr,
+        principal: Option<&Principal>,
         dedup: Option<(&str, &str)>,
     ) -> Result<Response<Incoming>, Problem> {
         let uri = upstream_uri(&route.upstream.base, &parts.uri)
             .map_err(|()| Problem::new(Kind::BadRequest, "the request target cannot be forwarded"))?;
         let headers = &mut parts.headers;
         strip_hop_by_hop(headers);
+        self.set_identity_headers(headers, principal);
         if let Some(host) = headers.remove(header::HOST) {
             headers.insert(HeaderName::from_static("x-forwarded-host"), host);
         }
@@ -394,6 +404,142 @@ impl Gateway {
             }
         }
     }
+}
+
+impl Gateway {
+    /// Resolves the caller; a presented but invalid credential is a 401.
+    async fn identify(&self, headers: &HeaderMap, peer: SocketAddr) -> Result<Option<Principal>, Problem> {
+        let Some(identity) = &self.config.identity else {
+            return Ok(None);
+        };
+        identity
+            .resolve(headers, peer.ip())
+            .await
+            .map_err(|r| Problem::new(Kind::Unauthenticated, r.0))
+    }
+
+    /// Removes every client-sent identity header, then states the resolved principal.
+    fn set_identity_headers(&self, headers: &mut HeaderMap, principal: Option<&Principal>) {
+        for name in [
+            identity::TENANT_HEADER,
+            identity::PROJECT_HEADER,
+            identity::SUBJECT_HEADER,
+        ] {
+            headers.remove(name);
+        }
+        if let Some(id) = &self.config.identity {
+            for name in id.inbound_headers() {
+                headers.remove(name);
+            }
+        }
+        if let Some(p) = principal {
+            headers.insert(identity::TENANT_HEADER, header_value(&p.tenant));
+            headers.insert(identity::PROJECT_HEADER, header_value(&p.project));
+            headers.insert(identity::SUBJECT_HEADER, header_value(&p.subject));
+        }
+    }
+
+    /// `GET {route path}/by-idempotency-key/{key}[/output]` on a route with `recovery: true`.
+    fn recovery_target(&self, path: &str) -> Option<(Arc<Route>, String, bool)> {
+        let (prefix, rest) = path.rsplit_once("/by-idempotency-key/")?;
+        let (raw, output) = rest.strip_suffix("/output").map_or((rest, false), |k| (k, true));
+        if raw.is_empty() || raw.contains('/') {
+            return None;
+        }
+        let route = self
+            .config
+            .routes
+            .iter()
+            .find(|r| r.recovery && r.path.matches(prefix).is_some())?;
+        let raw = percent_encoding::percent_decode_str(raw).decode_utf8().ok()?;
+        Some((route.clone(), raw.into_owned(), output))
+    }
+
+    /// Answers a recovery request from the caller's own namespace (SPEC 5).
+    async fn recover(
+        &self,
+        route: &Route,
+        req: &Request<Incoming>,
+        peer: SocketAddr,
+        raw: &str,
+        output: bool,
+        log: &mut AccessLog,
+    ) -> Result<Response<Body>, Problem> {
+        if req.headers().contains_key(&route.header) {
+            return Err(Problem::new(
+                Kind::KeyNotAllowed,
+                "recovery requests name the key in the path",
+            ));
+        }
+        let principal = self.identify(req.headers(), peer).await?;
+        log.set_principal(principal.as_ref());
+        route.keys.validate(raw).map_err(|e| invalid_key(&e))?;
+        let key = namespace(route, principal.as_ref(), raw)?;
+        log.key_digest = key_digest(&key);
+        let wait = (!output).then_some(route.engine.wait_timeout);
+        let found = self.engine.lookup(&key, wait).await.map_err(|e| {
+            tracing::warn!(error = %e, endpoint = %route.id, "store error");
+            Problem::new(Kind::StoreUnavailable, "the idempotency store is unavailable").retry_after(1)
+        })?;
+        let not_found = || Problem::new(Kind::NotFound, "no outcome is recorded for this key");
+        match found {
+            Lookup::Completed(record) if record.route == route.id => {
+                let RecordState::Completed { response, .. } = record.state else {
+                    return Err(not_found());
+                };
+                log.operation_id.clone_from(&record.operation_id);
+                match response.body {
+                    Some(_) => {
+                        log.cache_hit = true;
+                        log.outcome = "recovered";
+                        Ok(replay(route, response, &record.operation_id, record.expires_at))
+                    }
+                    None => Err(not_retained(response.status, record.operation_id)),
+                }
+            }
+            Lookup::InFlight {
+                operation_id,
+                route: r,
+            } if r == route.id => {
+                log.outcome = "processing";
+                let body = serde_json::json!({"status": "processing", "operation_id": operation_id});
+                let mut resp = Response::new(full(Bytes::from(body.to_string())));
+                *resp.status_mut() = StatusCode::ACCEPTED;
+                let h = resp.headers_mut();
+                h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                h.insert(IDEMPOTENCY_STATUS, HeaderValue::from_static("processing"));
+                h.insert(OPERATION_ID, header_value(&operation_id));
+                Ok(resp)
+            }
+            _ => Err(not_found()),
+        }
+    }
+}
+
+/// The namespaced key for a route and caller; a scope that needs a principal without one is 401.
+fn namespace(route: &Route, principal: Option<&Principal>, raw: &str) -> Result<String, Problem> {
+    let scoped = principal.map(|p| match &route.project {
+        Some(sentinel) => Principal {
+            project: sentinel.clone(),
+            ..p.clone()
+        },
+        None => p.clone(),
+    });
+    namespaced_key(route.scope, scoped.as_ref(), raw).map_err(|_| {
+        Problem::new(
+            Kind::Unauthenticated,
+            "this endpoint needs an authenticated caller",
+        )
+    })
+}
+
+fn not_retained(status: u16, operation_id: String) -> Problem {
+    Problem::new(
+        Kind::ResponseNotRetained,
+        format!("the original request completed with status {status}, but its body was too large to keep"),
+    )
+    .operation(operation_id)
 }
 
 async fn finish(exec: Execution<AnyStore>, outcome: Outcome) -> Option<Finished> {

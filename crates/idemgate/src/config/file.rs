@@ -30,11 +30,6 @@ macro_rules! not_yet {
     };
 }
 
-not_yet!(
-    IdentityNotYet,
-    "identity",
-    "identity (API keys, JWT, trusted headers)"
-);
 not_yet!(WebhooksNotYet, "webhooks", "webhooks (case B providers)");
 not_yet!(StatusNotYet, "status", "the status probe");
 not_yet!(TargetNotYet, "target", "a Restate target");
@@ -110,7 +105,7 @@ pub struct FileConfig {
     pub store: StoreFile,
     #[serde(default)]
     pub upstreams: BTreeMap<String, UpstreamFile>,
-    pub identity: Option<IdentityNotYet>,
+    pub identity: Option<super::identity::IdentityFile>,
     #[serde(default)]
     pub idempotency: Settings,
     pub webhooks: Option<WebhooksNotYet>,

@@ -2,6 +2,7 @@
 //! every default applied and every cross-reference checked. Errors name the key and its line.
 
 pub mod file;
+pub mod identity;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -33,6 +34,8 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     pub store: StoreConfig,
     pub routes: Table<Arc<Route>>,
+    /// `None` when no identity method is configured: every caller is anonymous.
+    pub identity: Option<Arc<crate::identity::Identity>>,
 }
 
 #[derive(Clone, Debug)]
@@ -64,6 +67,10 @@ pub struct Route {
     pub keys: KeyRules,
     pub engine: Policy,
     pub on_store_error: OnStoreError,
+    /// `_tenant` or `_platform`: the project component of the namespace, whatever the caller's.
+    pub project: Option<String>,
+    /// Serves `GET {path}/by-idempotency-key/{key}` and `.../output` (SPEC 5).
+    pub recovery: bool,
 }
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -77,9 +84,18 @@ impl Config {
     /// # Errors
     /// Syntax, unknown or unsupported keys, bad values, dangling references.
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        Self::from_yaml_in(text, std::path::Path::new("."))
+    }
+
+    /// Like [`Config::from_yaml`], with files the config names (API keys, JWKS) read relative
+    /// to `base`.
+    ///
+    /// # Errors
+    /// As [`Config::from_yaml`].
+    pub fn from_yaml_in(text: &str, base: &std::path::Path) -> Result<Self, ConfigError> {
         let file: FileConfig =
             serde_yaml_ng::from_str(text).map_err(|e| ConfigError(describe_yaml_error(&e, text)))?;
-        resolve(file, text)
+        resolve(file, text, base)
     }
 
     /// Reads and resolves a file.
@@ -89,7 +105,8 @@ impl Config {
     pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
-        Self::from_yaml(&text).map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
+        let base = path.parent().unwrap_or(std::path::Path::new("."));
+        Self::from_yaml_in(&text, base).map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
     }
 
     /// The `serve --upstream URL` configuration: one catch-all `accepted` route for POST and
@@ -152,7 +169,18 @@ fn route_line(text: &str, id: &str) -> String {
         .map_or_else(String::new, |i| format!("line {}: ", i + 1))
 }
 
-fn resolve(file: FileConfig, text: &str) -> Result<Config, ConfigError> {
+fn resolve(file: FileConfig, text: &str, base: &std::path::Path) -> Result<Config, ConfigError> {
+    let identity = match &file.identity {
+        Some(f) if !f.methods.is_empty() => Some(Arc::new(
+            crate::identity::Identity::from_file(f, base).map_err(|e| {
+                ConfigError(format!(
+                    "{}{e}",
+                    key_line(text, "identity").map_or_else(String::new, |l| format!("line {l}: "))
+                ))
+            })?,
+        )),
+        _ => None,
+    };
     let listen = file.server.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
     let listen: SocketAddr = listen
         .parse()
@@ -183,7 +211,8 @@ fn resolve(file: FileConfig, text: &str) -> Result<Config, ConfigError> {
         if !seen.insert(rf.id.clone()) {
             return Err(err("id", "duplicate route id".into()));
         }
-        let route = resolve_route(rf, &file.idempotency, &upstreams).map_err(|(k, why)| err(k, why))?;
+        let route = resolve_route(rf, &file.idempotency, &upstreams, identity.is_some())
+            .map_err(|(k, why)| err(k, why))?;
         entries.push((route.methods.clone(), route.path.clone(), Arc::new(route)));
     }
     if entries.is_empty() {
@@ -203,6 +232,7 @@ fn resolve(file: FileConfig, text: &str) -> Result<Config, ConfigError> {
             .map_or(Duration::from_secs(30), |d| d.0),
         store,
         routes: Table::new(entries),
+        identity,
     })
 }
 
@@ -249,6 +279,7 @@ fn resolve_route(
     rf: &RouteFile,
     defaults: &Settings,
     upstreams: &HashMap<String, Arc<Upstream>>,
+    has_identity: bool,
 ) -> Result<Route, RouteError> {
     let methods = parse_methods(&rf.method).map_err(|why| ("method", why))?;
     let path = PathTemplate::parse(&rf.path).map_err(|e| ("path", e.to_string()))?;
@@ -261,21 +292,18 @@ fn resolve_route(
     if rf.policy == PolicyKind::Webhook {
         return Err(("policy", "`webhook` routes are not supported yet".into()));
     }
-    if rf.recovery {
-        return Err(("recovery", "recovery routes are not supported yet".into()));
-    }
     if let Some(p) = &rf.project {
         if p != idemgate_core::namespace::PROJECT_TENANT && p != idemgate_core::namespace::PROJECT_PLATFORM {
             return Err(("project", format!("`{p}` must be `_tenant` or `_platform`")));
         }
-        return Err((
-            "project",
-            "project sentinels need `identity`, which is not supported yet".into(),
-        ));
     }
-    // Without identity there is no principal, so the default scope is global (SPEC 4.1: the
-    // default is `subject` once identity is configured).
-    let scope = rf.scope.unwrap_or(Scope::Global);
+    // SPEC 4.1: `subject` once identity is configured; without identity there is no principal,
+    // so `global`.
+    let scope = rf.scope.unwrap_or(if has_identity {
+        Scope::Subject
+    } else {
+        Scope::Global
+    });
     let s = rf.settings().or(defaults);
     let header = header_name(s.header.as_deref().unwrap_or("Idempotency-Key")).map_err(|w| ("header", w))?;
     let replayed_header = header_name(s.replayed_header.as_deref().unwrap_or("Idempotent-Replayed"))
@@ -326,6 +354,8 @@ fn resolve_route(
         keys,
         engine,
         on_store_error,
+        project: rf.project.clone(),
+        recovery: rf.recovery,
     })
 }
 

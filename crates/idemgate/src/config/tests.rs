@@ -78,9 +78,9 @@ fn unknown_keys_are_named_with_their_line() {
 
 #[test]
 fn unlanded_features_are_refused_not_ignored() {
-    let e = err(&format!("{MINIMAL}identity:\n  api_keys:\n    file: ./k.yaml\n"));
+    let e = err(&format!("{MINIMAL}webhooks:\n  registry: ./webhooks.yaml\n"));
     assert!(
-        e.contains("not supported yet") && e.contains("identity") && e.contains("line 37"),
+        e.contains("not supported yet") && e.contains("webhooks") && e.contains("line 37"),
         "{e}"
     );
     let e = err(&MINIMAL.replace(
@@ -131,4 +131,25 @@ fn upstream_shortcut() {
     assert_eq!(c.store.path, PathBuf::from("./idemgate-data"));
     assert!(c.routes.find(&Method::GET, "/x").is_none());
     assert!(Config::for_upstream("ftp://x", None).is_err());
+}
+
+#[test]
+fn identity_methods_keep_their_order_and_default_scope_becomes_subject() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("keys.yaml"), "[]").unwrap();
+    let yaml = MINIMAL.replace(
+        "idempotency:\n",
+        "identity:\n  trusted_headers:\n    trusted_proxies: [10.0.0.0/8]\n  api_keys:\n    file: keys.yaml\nidempotency:\n",
+    );
+    let c = Config::from_yaml_in(&yaml, dir.path()).unwrap();
+    assert!(c.identity.is_some());
+    assert_eq!(c.routes.find(&Method::POST, "/x").unwrap().scope, Scope::Subject);
+    let e = Config::from_yaml_in(&yaml.replace("keys.yaml", "missing.yaml"), dir.path())
+        .unwrap_err()
+        .0;
+    assert!(e.contains("identity.api_keys.file") && e.contains("line"), "{e}");
+    let e = err(&yaml.replace("  api_keys:", "  ldap:"));
+    assert!(e.contains("ldap"), "{e}");
+    let e = err(&yaml.replace("10.0.0.0/8", "not-a-net"));
+    assert!(e.contains("not-a-net"), "{e}");
 }

@@ -252,3 +252,78 @@ pub async fn slug(r: reqwest::Response) -> String {
     let v: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
     v["type"].as_str().unwrap().rsplit('/').next().unwrap().to_owned()
 }
+
+impl Gateway {
+    /// Starts a gateway from a YAML body (everything but `server` and `store`), with `{upstream}`
+    /// replaced by the upstream's URL, extra environment variables, and files copied into its
+    /// directory first (`(name, contents)`).
+    pub async fn start_yaml(
+        upstream: &Upstream,
+        body: &str,
+        env: &[(&str, &str)],
+        files: &[(&str, &[u8])],
+    ) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, contents) in files {
+            std::fs::write(dir.path().join(name), contents).unwrap();
+        }
+        let addr = free_addr();
+        let yaml = format!(
+            "server:\n  listen: {addr}\nstore:\n  kind: memory\n{}",
+            body.replace("{upstream}", &format!("http://{}", upstream.addr))
+        );
+        let config = dir.path().join("idemgate.yaml");
+        std::fs::write(&config, yaml).unwrap();
+        let log = dir.path().join("gateway.log");
+        let mut gw = Self {
+            addr,
+            child: None,
+            dir,
+            config,
+            log,
+        };
+        gw.spawn_env(env).await;
+        gw
+    }
+
+    async fn spawn_env(&mut self, env: &[(&str, &str)]) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_idemgate"))
+            .args(["serve", "--config"])
+            .arg(&self.config)
+            .current_dir(self.dir.path())
+            .envs(env.iter().copied())
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let addr = self.addr;
+        let log_path = self.log.clone();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(addr).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "gateway did not start: {}",
+                std::fs::read_to_string(&log_path).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// A file in the gateway's directory.
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+impl Upstream {
+    /// Executions seen for a namespaced key, as the upstream receives it.
+    pub fn executions_ns(&self, namespaced: &str) -> u64 {
+        self.counts.for_key(namespaced)
+    }
+}
