@@ -1,0 +1,117 @@
+-- wrk script for bench/run.sh.
+--
+-- usage: wrk -t1 -c32 -d10s -s bench/idem.lua URL -- MODE KEYPREFIX [POOL]
+--
+--   MODE       passthrough | miss | replay
+--   KEYPREFIX  miss:   a per-run nonce; every request gets a fresh key
+--                      KEYPREFIX-<thread>-<random>-<counter>
+--              replay: the pool prefix; requests cycle through KEYPREFIX0 ..
+--                      KEYPREFIX<POOL-1> (the keys bench/run.sh primed)
+--   POOL       replay pool size (default 1000)
+--
+-- Every key matches ^[A-Za-z0-9._~-]{1,255}$ and never starts with "t-"
+-- (bench/run.sh passes prefixes starting with "m" / "r").
+--
+-- All modes go through request() and response() so the load generator does
+-- the same amount of Lua work per request for every target and scenario.
+--
+-- done() prints one parseable line:
+--   RESULT rps=... p50_us=... p99_us=... requests=... non2xx=... replayed=...
+--          unexpected=... sock_errors=... errors=...
+-- where non2xx counts every response outside 200..299, replayed counts
+-- responses carrying "Idempotent-Replayed: true", unexpected counts replay
+-- markers that contradict the mode (a replay during passthrough/miss, a fresh
+-- execution during replay), and errors = non2xx + unexpected + sock_errors.
+
+local threads = {}
+local next_id = 1
+
+function setup(thread)
+   thread:set("id", next_id)
+   next_id = next_id + 1
+   table.insert(threads, thread)
+end
+
+local PATH = "/api/v1/orders"
+local BODY = '{"amount":100,"currency":"eur"}'
+
+local mode, key_prefix, pool, n, static_req
+local headers
+
+-- globals: read back from done() with thread:get()
+responses, non2xx, replayed, unexpected = 0, 0, 0, 0
+
+function init(args)
+   mode = args[1] or "passthrough"
+   pool = tonumber(args[3] or "1000")
+   headers = { ["Content-Type"] = "application/json" }
+   if mode == "passthrough" then
+      static_req = wrk.format("POST", PATH, headers, BODY)
+   elseif mode == "miss" then
+      -- per-thread random part so two threads (or two runs sharing a nonce)
+      -- never collide; the nonce from run.sh already differs per run.
+      math.randomseed(os.time() * 1000 + (id or 0) * 7919)
+      key_prefix = (args[2] or "m") .. "-" .. tostring(id or 0) .. "-"
+         .. tostring(math.random(1, 2000000000)) .. "-"
+      n = 0
+   elseif mode == "replay" then
+      key_prefix = args[2] or "r"
+      -- start each thread at a different point of the pool
+      math.randomseed(os.time() * 1000 + (id or 0) * 7919)
+      n = math.random(0, pool - 1)
+   else
+      error("unknown mode " .. tostring(mode))
+   end
+end
+
+function request()
+   if static_req then
+      return static_req
+   end
+   if mode == "miss" then
+      n = n + 1
+      headers["Idempotency-Key"] = key_prefix .. n
+   else
+      n = (n + 1) % pool
+      headers["Idempotency-Key"] = key_prefix .. n
+   end
+   return wrk.format("POST", PATH, headers, BODY)
+end
+
+function response(status, hdrs, body)
+   responses = responses + 1
+   if status < 200 or status > 299 then
+      non2xx = non2xx + 1
+   end
+   local r = false
+   for k, v in pairs(hdrs) do
+      if string.lower(k) == "idempotent-replayed" and string.lower(v) == "true" then
+         r = true
+         break
+      end
+   end
+   if r then
+      replayed = replayed + 1
+      if mode ~= "replay" then unexpected = unexpected + 1 end
+   elseif mode == "replay" then
+      unexpected = unexpected + 1
+   end
+end
+
+function done(summary, latency, requests)
+   local nx, rp, un = 0, 0, 0
+   for _, t in ipairs(threads) do
+      nx = nx + (t:get("non2xx") or 0)
+      rp = rp + (t:get("replayed") or 0)
+      un = un + (t:get("unexpected") or 0)
+   end
+   local e = summary.errors
+   local sock = e.connect + e.read + e.write + e.timeout
+   local secs = summary.duration / 1e6
+   local rps = 0
+   if secs > 0 then rps = summary.requests / secs end
+   io.write(string.format(
+      "RESULT rps=%.1f p50_us=%d p99_us=%d requests=%d non2xx=%d replayed=%d unexpected=%d sock_errors=%d errors=%d\n",
+      rps, latency:percentile(50.0), latency:percentile(99.0), summary.requests,
+      nx, rp, un, sock, nx + un + sock))
+end
