@@ -318,7 +318,9 @@ impl Gateway {
         };
         let (mut head, body) = resp.into_parts();
         let (stored_body, rest) = match read_limited(body, route.engine.max_response_bytes).await {
-            Ok(Read::Complete(b)) => (Some(b.clone()), full(b)),
+            // The stored copy gets its own allocation: `b` may be a view into a much larger
+            // read buffer, which a long-lived record would otherwise keep alive.
+            Ok(Read::Complete(b)) => (Some(Bytes::copy_from_slice(&b)), full(b)),
             Ok(Read::TooLarge(prefix, rest)) => (None, stream(Prefixed::new(prefix, rest))),
             Err(_) => {
                 finish(exec, Outcome::NoResponse).await;
