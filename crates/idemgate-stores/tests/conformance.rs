@@ -27,3 +27,41 @@ mod embedded {
 
     idemgate_stores::store_conformance!(open());
 }
+
+/// Redis (`IDEMGATE_TEST_REDIS_URL`), one shared server; keys are unique per test.
+mod redis {
+    use std::sync::Arc;
+
+    use idemgate_stores::{RedisConfig, RedisStore};
+
+    async fn open() -> Option<Arc<RedisStore>> {
+        let Ok(url) = std::env::var("IDEMGATE_TEST_REDIS_URL") else {
+            println!("skipped: IDEMGATE_TEST_REDIS_URL not set");
+            return None;
+        };
+        Some(Arc::new(
+            RedisStore::new(&RedisConfig::new(url)).expect("redis store"),
+        ))
+    }
+
+    idemgate_stores::store_conformance!(open());
+}
+
+/// PostgreSQL (`IDEMGATE_TEST_PG_URL`), one shared database; keys are unique per test.
+mod postgres {
+    use std::sync::Arc;
+
+    use idemgate_stores::{PostgresConfig, PostgresStore};
+
+    async fn open() -> Option<Arc<PostgresStore>> {
+        let Ok(url) = std::env::var("IDEMGATE_TEST_PG_URL") else {
+            println!("skipped: IDEMGATE_TEST_PG_URL not set");
+            return None;
+        };
+        let mut config = PostgresConfig::new(url);
+        config.pool_size = 4;
+        Some(Arc::new(PostgresStore::new(&config).expect("postgres store")))
+    }
+
+    idemgate_stores::store_conformance!(open());
+}
