@@ -26,4 +26,4 @@ pub use fingerprint::Fingerprint;
 pub use memory::MemoryStore;
 pub use record::{LeaseToken, Millis, Record, RecordState, StoredResponse};
 pub use rules::{Begin, BeginRequest};
-pub use store::{Store, StoreError};
+pub use store::{DynStore, Store, StoreError};

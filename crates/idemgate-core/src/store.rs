@@ -127,3 +127,168 @@ impl<S: Store> Store for Arc<S> {
         (**self).notifier()
     }
 }
+
+/// A boxed, sendable future: what [`DynStore`] returns so that it stays object-safe.
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The object-safe twin of [`Store`], for callers who pick a backend at run time and hold it as
+/// `Arc<dyn DynStore>` (which is itself a [`Store`]).
+///
+/// Every [`Store`] is a `DynStore` through a blanket impl; nobody implements this by hand. The
+/// price is one allocation per store call, which is why the engine and the tower layer stay
+/// generic over `S: Store` and only box when the caller asked for `dyn`.
+pub trait DynStore: Send + Sync + 'static {
+    /// [`Store::begin`], boxed.
+    fn begin_dyn<'a>(
+        &'a self,
+        key: &'a str,
+        req: &'a BeginRequest<'a>,
+    ) -> BoxFuture<'a, Result<Begin, StoreError>>;
+    /// [`Store::complete`], boxed.
+    fn complete_dyn<'a>(
+        &'a self,
+        key: &'a str,
+        token: LeaseToken,
+        response: StoredResponse,
+        retention_ms: u64,
+        now: Millis,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// [`Store::release`], boxed.
+    fn release_dyn<'a>(&'a self, key: &'a str, token: LeaseToken) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// [`Store::renew`], boxed.
+    fn renew_dyn<'a>(
+        &'a self,
+        key: &'a str,
+        token: LeaseToken,
+        lease_until: Millis,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// [`Store::get`], boxed.
+    fn get_dyn<'a>(&'a self, key: &'a str, now: Millis) -> BoxFuture<'a, Result<Option<Record>, StoreError>>;
+    /// [`Store::purge`], boxed.
+    fn purge_dyn<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, StoreError>>;
+    /// [`Store::ping`], boxed.
+    fn ping_dyn(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+    /// [`Store::notifier`].
+    fn notifier_dyn(&self) -> &Arc<Notifier>;
+}
+
+impl<S: Store> DynStore for S {
+    fn begin_dyn<'a>(
+        &'a self,
+        key: &'a str,
+        req: &'a BeginRequest<'a>,
+    ) -> BoxFuture<'a, Result<Begin, StoreError>> {
+        Box::pin(self.begin(key, req))
+    }
+    fn complete_dyn<'a>(
+        &'a self,
+        key: &'a str,
+        token: LeaseToken,
+        response: StoredResponse,
+        retention_ms: u64,
+        now: Millis,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.complete(key, token, response, retention_ms, now))
+    }
+    fn release_dyn<'a>(&'a self, key: &'a str, token: LeaseToken) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.release(key, token))
+    }
+    fn renew_dyn<'a>(
+        &'a self,
+        key: &'a str,
+        token: LeaseToken,
+        lease_until: Millis,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.renew(key, token, lease_until))
+    }
+    fn get_dyn<'a>(&'a self, key: &'a str, now: Millis) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        Box::pin(self.get(key, now))
+    }
+    fn purge_dyn<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(self.purge(key))
+    }
+    fn ping_dyn(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(self.ping())
+    }
+    fn notifier_dyn(&self) -> &Arc<Notifier> {
+        self.notifier()
+    }
+}
+
+impl Store for Arc<dyn DynStore> {
+    fn begin(
+        &self,
+        key: &str,
+        req: &BeginRequest<'_>,
+    ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
+        // An async block rather than the boxed future itself: the box borrows several
+        // lifetimes at once, which an `impl Future` return type cannot name.
+        async move { (**self).begin_dyn(key, req).await }
+    }
+    fn complete(
+        &self,
+        key: &str,
+        token: LeaseToken,
+        response: StoredResponse,
+        retention_ms: u64,
+        now: Millis,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async move {
+            (**self)
+                .complete_dyn(key, token, response, retention_ms, now)
+                .await
+        }
+    }
+    fn release(&self, key: &str, token: LeaseToken) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async move { (**self).release_dyn(key, token).await }
+    }
+    fn renew(
+        &self,
+        key: &str,
+        token: LeaseToken,
+        lease_until: Millis,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async move { (**self).renew_dyn(key, token, lease_until).await }
+    }
+    fn get(&self, key: &str, now: Millis) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
+        async move { (**self).get_dyn(key, now).await }
+    }
+    fn purge(&self, key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        async move { (**self).purge_dyn(key).await }
+    }
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async move { (**self).ping_dyn().await }
+    }
+    fn notifier(&self) -> &Arc<Notifier> {
+        (**self).notifier_dyn()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{Engine, Outcome, Policy, Started};
+    use crate::fingerprint::Fingerprint;
+    use crate::memory::MemoryStore;
+
+    #[tokio::test]
+    async fn a_dyn_store_runs_the_engine() {
+        let store: Arc<dyn DynStore> = Arc::new(MemoryStore::new(1 << 20));
+        let engine = Engine::new(Arc::new(store));
+        let policy = Policy::default();
+        let fp = Fingerprint([7; 32]);
+        let Started::Execute(exec) = engine.begin("k", "r", fp, &policy).await.unwrap() else {
+            panic!("first begin executes");
+        };
+        let response = StoredResponse {
+            status: 201,
+            headers: vec![],
+            body: Some("done".into()),
+        };
+        exec.finish(Outcome::Response(response)).await.unwrap();
+        let again = engine.begin("k", "r", fp, &policy).await.unwrap();
+        assert!(
+            matches!(again, Started::Replay { response, .. } if response.body.as_deref() == Some(&b"done"[..]))
+        );
+    }
+}
