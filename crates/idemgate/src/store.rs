@@ -1,6 +1,15 @@
 //! The store the configuration chose, as one enum: static dispatch to each backend, no boxing
 //! on the request path.
+//!
+//! Every call is bounded by `store.timeout`: the networked stores (redis, postgres) bound each
+//! call themselves (connecting and retrying a lost connection included); the local ones are
+//! bounded here, so a stalled disk cannot hang a request either. A call past its bound is
+//! [`StoreError::Timeout`], and the route's `on_store_error` decides what the client gets.
+//!
+//! Opening never waits for a server: a gateway starts while Redis or PostgreSQL is down,
+//! answers by `on_store_error` meanwhile, and recovers without a restart when it comes back.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,7 +18,7 @@ use idemgate_core::notify::Notifier;
 use idemgate_core::record::{LeaseToken, Millis, Record, StoredResponse};
 use idemgate_core::rules::{Begin, BeginRequest};
 use idemgate_core::store::{Store, StoreError};
-use idemgate_stores::EmbeddedStore;
+use idemgate_stores::{EmbeddedStore, PostgresConfig, PostgresStore, RedisConfig, RedisStore};
 
 use crate::config::{StoreConfig, StoreKind};
 
@@ -18,46 +27,94 @@ const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
 #[derive(Debug)]
 pub enum AnyStore {
-    Memory(Arc<MemoryStore>),
-    Embedded(Arc<EmbeddedStore>),
+    Memory(Arc<MemoryStore>, Duration),
+    Embedded(Arc<EmbeddedStore>, Duration),
+    Redis(Arc<RedisStore>),
+    Postgres(Arc<PostgresStore>),
 }
 
 impl AnyStore {
-    /// Opens the configured store and starts its background sweeper.
+    /// Opens the configured store and starts its background tasks (sweeper; for redis and
+    /// postgres also the notification listener). Must run inside a Tokio runtime.
     ///
     /// # Errors
-    /// The store cannot be opened.
+    /// The store cannot be opened (embedded: the file is locked or unwritable; redis and
+    /// postgres: an unusable URL; their servers being down is not an error).
     pub fn open(config: &StoreConfig) -> Result<Self, StoreError> {
+        let url = || {
+            config
+                .url
+                .clone()
+                .ok_or_else(|| StoreError::Backend("store.url is not set".into()))
+        };
         Ok(match config.kind {
             StoreKind::Memory => {
                 let store = Arc::new(MemoryStore::new(config.max_bytes));
                 store.spawn_sweeper(SWEEP_EVERY);
-                Self::Memory(store)
+                Self::Memory(store, config.timeout)
             }
             StoreKind::Embedded => {
                 let store = Arc::new(EmbeddedStore::open(&config.path)?);
                 store.spawn_sweeper(SWEEP_EVERY);
-                Self::Embedded(store)
+                Self::Embedded(store, config.timeout)
             }
-            StoreKind::Redis | StoreKind::Postgres => {
-                return Err(StoreError::Backend("store kind not supported yet".into()));
+            StoreKind::Redis => {
+                let redis = RedisConfig {
+                    url: url()?,
+                    prefix: config.prefix.clone(),
+                    timeout: config.timeout,
+                };
+                // Redis expires keys itself: no sweeper.
+                Self::Redis(Arc::new(RedisStore::new(&redis).map_err(StoreError::backend)?))
+            }
+            StoreKind::Postgres => {
+                let pg = PostgresConfig {
+                    url: url()?,
+                    timeout: config.timeout,
+                    pool_size: config.pool_size,
+                };
+                let store = Arc::new(PostgresStore::new(&pg).map_err(StoreError::backend)?);
+                store.spawn_sweeper(SWEEP_EVERY);
+                // Migrate now rather than on the first request; if the database is down, the
+                // first request after it comes back does it.
+                let eager = Arc::downgrade(&store);
+                tokio::spawn(async move {
+                    if let Some(store) = eager.upgrade()
+                        && let Err(e) = store.ping().await
+                    {
+                        tracing::warn!(error = %e, "postgres store not reachable yet; requests follow on_store_error until it is");
+                    }
+                });
+                Self::Postgres(store)
             }
         })
     }
 }
 
+/// `fut` bounded by `limit`.
+async fn bounded<T>(
+    limit: Duration,
+    fut: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(limit, fut)
+        .await
+        .map_err(|_| StoreError::Timeout)?
+}
+
 macro_rules! each {
     ($self:ident, $s:ident => $e:expr) => {
         match $self {
-            AnyStore::Memory($s) => $e,
-            AnyStore::Embedded($s) => $e,
+            AnyStore::Memory($s, limit) => bounded(*limit, $e).await,
+            AnyStore::Embedded($s, limit) => bounded(*limit, $e).await,
+            AnyStore::Redis($s) => $e.await,
+            AnyStore::Postgres($s) => $e.await,
         }
     };
 }
 
 impl Store for AnyStore {
     async fn begin(&self, key: &str, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
-        each!(self, s => s.begin(key, req).await)
+        each!(self, s => s.begin(key, req))
     }
     async fn complete(
         &self,
@@ -67,24 +124,29 @@ impl Store for AnyStore {
         retention_ms: u64,
         now: Millis,
     ) -> Result<(), StoreError> {
-        each!(self, s => s.complete(key, token, response, retention_ms, now).await)
+        each!(self, s => s.complete(key, token, response, retention_ms, now))
     }
     async fn release(&self, key: &str, token: LeaseToken) -> Result<(), StoreError> {
-        each!(self, s => s.release(key, token).await)
+        each!(self, s => s.release(key, token))
     }
     async fn renew(&self, key: &str, token: LeaseToken, lease_until: Millis) -> Result<(), StoreError> {
-        each!(self, s => s.renew(key, token, lease_until).await)
+        each!(self, s => s.renew(key, token, lease_until))
     }
     async fn get(&self, key: &str, now: Millis) -> Result<Option<Record>, StoreError> {
-        each!(self, s => s.get(key, now).await)
+        each!(self, s => s.get(key, now))
     }
     async fn purge(&self, key: &str) -> Result<bool, StoreError> {
-        each!(self, s => s.purge(key).await)
+        each!(self, s => s.purge(key))
     }
     async fn ping(&self) -> Result<(), StoreError> {
-        each!(self, s => s.ping().await)
+        each!(self, s => s.ping())
     }
     fn notifier(&self) -> &Arc<Notifier> {
-        each!(self, s => s.notifier())
+        match self {
+            Self::Memory(s, _) => s.notifier(),
+            Self::Embedded(s, _) => s.notifier(),
+            Self::Redis(s) => s.notifier(),
+            Self::Postgres(s) => s.notifier(),
+        }
     }
 }

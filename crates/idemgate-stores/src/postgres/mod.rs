@@ -82,6 +82,16 @@ pub enum PostgresConfigError {
     Pool(#[source] deadpool_postgres::BuildError),
 }
 
+/// Checks a PostgreSQL URL without connecting (for configuration errors at start).
+///
+/// # Errors
+/// The URL is not a PostgreSQL URL.
+pub fn check_url(url: &str) -> Result<(), PostgresConfigError> {
+    url.parse::<tokio_postgres::Config>()
+        .map(drop)
+        .map_err(PostgresConfigError::Url)
+}
+
 /// Records in PostgreSQL, shared by every replica pointed at the same database.
 pub struct PostgresStore {
     pool: Pool,

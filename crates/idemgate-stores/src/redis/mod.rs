@@ -78,6 +78,14 @@ pub enum RedisConfigError {
     Url(#[source] RedisError),
 }
 
+/// Checks a Redis URL without connecting (for configuration errors at start).
+///
+/// # Errors
+/// The URL is not a Redis URL this build can use.
+pub fn check_url(url: &str) -> Result<(), RedisConfigError> {
+    redis::Client::open(url).map(drop).map_err(RedisConfigError::Url)
+}
+
 struct Scripts {
     begin: Script,
     complete: Script,

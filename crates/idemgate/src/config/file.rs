@@ -140,9 +140,18 @@ pub enum StoreKind {
 pub struct StoreFile {
     #[serde(default)]
     pub kind: StoreKind,
+    /// `embedded`: the directory of the redb file.
     pub path: Option<PathBuf>,
+    /// `redis` and `postgres`: where the server is.
     pub url: Option<String>,
+    /// `memory`: the byte budget.
     pub max_bytes: Option<Size>,
+    /// Bound on every store call (default 2s); past it the route's `on_store_error` applies.
+    pub timeout: Option<Dur>,
+    /// `redis`: prefix of every key and of the notification channel (default `idemgate`).
+    pub prefix: Option<String>,
+    /// `postgres`: connections in the pool (default 16).
+    pub pool_size: Option<usize>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]

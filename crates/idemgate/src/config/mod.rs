@@ -43,6 +43,14 @@ pub struct StoreConfig {
     pub kind: StoreKind,
     pub path: PathBuf,
     pub max_bytes: usize,
+    /// `redis` and `postgres` only.
+    pub url: Option<String>,
+    /// Bound on every store call.
+    pub timeout: Duration,
+    /// `redis` key prefix.
+    pub prefix: String,
+    /// `postgres` pool size.
+    pub pool_size: usize,
 }
 
 #[derive(Debug)]
@@ -76,6 +84,8 @@ pub struct Route {
 const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 const DEFAULT_MAX_REQUEST_BODY: u64 = 10 * 1024 * 1024;
 const DEFAULT_MEMORY_BYTES: u64 = 512 * 1024 * 1024;
+/// A store call that takes longer is a store error (`on_store_error`).
+const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(2);
 const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Config {
@@ -237,29 +247,93 @@ fn resolve(file: FileConfig, text: &str, base: &std::path::Path) -> Result<Confi
 }
 
 fn resolve_store(s: &file::StoreFile) -> Result<StoreConfig, ConfigError> {
-    match s.kind {
-        StoreKind::Redis | StoreKind::Postgres => {
+    let kind_name = match s.kind {
+        StoreKind::Memory => "memory",
+        StoreKind::Embedded => "embedded",
+        StoreKind::Redis => "redis",
+        StoreKind::Postgres => "postgres",
+    };
+    let only = |key: &str, set: bool, kinds: &[StoreKind], which: &str| {
+        if set && !kinds.contains(&s.kind) {
             return Err(ConfigError(format!(
-                "store.kind: `{}` is not supported yet (memory and embedded are)",
-                if s.kind == StoreKind::Redis {
-                    "redis"
-                } else {
-                    "postgres"
-                }
+                "store.{key}: only the {which} store takes it (this one is `{kind_name}`)"
             )));
         }
-        StoreKind::Memory | StoreKind::Embedded => {}
+        Ok(())
+    };
+    only(
+        "url",
+        s.url.is_some(),
+        &[StoreKind::Redis, StoreKind::Postgres],
+        "redis and postgres",
+    )?;
+    only("prefix", s.prefix.is_some(), &[StoreKind::Redis], "redis")?;
+    only(
+        "pool_size",
+        s.pool_size.is_some(),
+        &[StoreKind::Postgres],
+        "postgres",
+    )?;
+    let url = match (s.kind, &s.url) {
+        (StoreKind::Redis, Some(url)) => {
+            idemgate_stores::redis::check_url(url).map_err(|e| {
+                ConfigError(format!(
+                    "store.url: `{url}` is not a usable redis URL: {}",
+                    error_chain(&e)
+                ))
+            })?;
+            Some(url.clone())
+        }
+        (StoreKind::Postgres, Some(url)) => {
+            idemgate_stores::postgres::check_url(url).map_err(|e| {
+                ConfigError(format!(
+                    "store.url: `{url}` is not a postgres URL: {}",
+                    error_chain(&e)
+                ))
+            })?;
+            Some(url.clone())
+        }
+        (StoreKind::Redis | StoreKind::Postgres, None) => {
+            return Err(ConfigError(format!(
+                "store.url: the {kind_name} store needs a url"
+            )));
+        }
+        _ => None,
+    };
+    let timeout = s.timeout.map_or(DEFAULT_STORE_TIMEOUT, |d| d.0);
+    if timeout < Duration::from_millis(10) {
+        return Err(ConfigError("store.timeout: must be at least 10ms".into()));
     }
-    if s.url.is_some() {
+    let prefix = s.prefix.clone().unwrap_or_else(|| "idemgate".into());
+    if prefix.is_empty() || prefix.contains(['{', '}']) {
         return Err(ConfigError(
-            "store.url: only the redis and postgres stores take a url".into(),
+            "store.prefix: must be non-empty, without braces".into(),
         ));
+    }
+    if s.pool_size == Some(0) {
+        return Err(ConfigError("store.pool_size: must be at least 1".into()));
     }
     Ok(StoreConfig {
         kind: s.kind,
         path: s.path.clone().unwrap_or_else(|| PathBuf::from("./idemgate-data")),
         max_bytes: usize::try_from(s.max_bytes.map_or(DEFAULT_MEMORY_BYTES, |b| b.0)).unwrap_or(usize::MAX),
+        url,
+        timeout,
+        prefix,
+        pool_size: s.pool_size.unwrap_or(16),
     })
+}
+
+/// An error and its sources, for a one-line message.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
 }
 
 fn parse_base(url: &str) -> Result<Uri, String> {

@@ -90,8 +90,6 @@ fn unlanded_features_are_refused_not_ignored() {
     assert!(e.contains("status") && e.contains("not supported yet"), "{e}");
     let e = err(&MINIMAL.replace("    timeout: 250ms", "    kind: restate"));
     assert!(e.contains("restate") && e.contains("not supported yet"), "{e}");
-    let e = err(&MINIMAL.replace("kind: memory", "kind: redis"));
-    assert!(e.contains("not supported yet"), "{e}");
 }
 
 #[test]

@@ -327,3 +327,140 @@ impl Upstream {
         self.counts.for_key(namespaced)
     }
 }
+
+// ---- Shared stores (Redis, PostgreSQL): servers, store blocks, fault helpers ----
+
+/// `IDEMGATE_TEST_REDIS_URL`, or `None` after printing that the test is skipped.
+pub fn redis_url() -> Option<String> {
+    let url = std::env::var("IDEMGATE_TEST_REDIS_URL").ok();
+    if url.is_none() {
+        println!("skipped: IDEMGATE_TEST_REDIS_URL not set");
+    }
+    url
+}
+
+/// `IDEMGATE_TEST_PG_URL`, or `None` after printing that the test is skipped.
+pub fn pg_url() -> Option<String> {
+    let url = std::env::var("IDEMGATE_TEST_PG_URL").ok();
+    if url.is_none() {
+        println!("skipped: IDEMGATE_TEST_PG_URL not set");
+    }
+    url
+}
+
+/// The `store` argument of [`Gateway::start`] for a shared store: the kind, then more lines
+/// of the `store:` block (`extra`, each indented by two spaces and ending in a newline).
+pub fn store_block(kind: &str, url: &str, extra: &str) -> String {
+    format!("{kind}\n  url: \"{url}\"\n{}", extra.trim_end_matches('\n'))
+}
+
+/// `url` with an `application_name` query parameter, so a test can find its own connections.
+pub fn with_application_name(url: &str, name: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}application_name={name}")
+}
+
+/// A redis-server of the test's own (never the shared one), on a loopback port, with an
+/// append-only file fsynced on every write so that `kill -9` loses nothing acknowledged.
+pub struct RedisServer {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// Starts one on a free port, or `None` (test skipped) when `redis-server` is missing.
+    pub async fn start() -> Option<Self> {
+        if Command::new("redis-server").arg("--version").output().is_err() {
+            println!("skipped: redis-server not installed");
+            return None;
+        }
+        let mut server = Self {
+            port: free_addr().port(),
+            dir: tempfile::tempdir().unwrap(),
+            child: None,
+        };
+        server.spawn().await;
+        Some(server)
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    async fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+            .args(["--save", "", "--appendonly", "yes", "--appendfsync", "always"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let port = self.port;
+        wait_until(Duration::from_secs(10), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        })
+        .await;
+    }
+
+    /// SIGKILL.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    /// Starts it again on the same port and data directory.
+    pub async fn restart(&mut self) {
+        self.kill9();
+        self.spawn().await;
+    }
+
+    /// Sends one command and returns the raw reply.
+    pub async fn command(&self, args: &[&str]) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+            .await
+            .unwrap();
+        let mut req = format!("*{}\r\n", args.len());
+        for a in args {
+            req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut buf = vec![0; 64 * 1024];
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .expect("redis answered")
+            .unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A PostgreSQL session of the test's own (to terminate or inspect the gateway's connections).
+pub async fn pg_session(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+/// Terminates every backend whose `application_name` is `name`; returns how many.
+pub async fn pg_terminate(admin: &tokio_postgres::Client, name: &str) -> i64 {
+    let rows = admin
+        .query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+            &[&name],
+        )
+        .await
+        .unwrap();
+    i64::try_from(rows.len()).unwrap()
+}
