@@ -216,48 +216,37 @@ impl<S: Store> DynStore for S {
 }
 
 impl Store for Arc<dyn DynStore> {
-    fn begin(
-        &self,
-        key: &str,
-        req: &BeginRequest<'_>,
-    ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
-        // An async block rather than the boxed future itself: the box borrows several
-        // lifetimes at once, which an `impl Future` return type cannot name.
-        async move { (**self).begin_dyn(key, req).await }
+    // `async fn` rather than returning the boxed future itself: the box borrows several
+    // lifetimes at once, which an `impl Future` return type cannot name.
+    async fn begin(&self, key: &str, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
+        (**self).begin_dyn(key, req).await
     }
-    fn complete(
+    async fn complete(
         &self,
         key: &str,
         token: LeaseToken,
         response: StoredResponse,
         retention_ms: u64,
         now: Millis,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async move {
-            (**self)
-                .complete_dyn(key, token, response, retention_ms, now)
-                .await
-        }
+    ) -> Result<(), StoreError> {
+        (**self)
+            .complete_dyn(key, token, response, retention_ms, now)
+            .await
     }
-    fn release(&self, key: &str, token: LeaseToken) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async move { (**self).release_dyn(key, token).await }
+    async fn release(&self, key: &str, token: LeaseToken) -> Result<(), StoreError> {
+        (**self).release_dyn(key, token).await
     }
-    fn renew(
-        &self,
-        key: &str,
-        token: LeaseToken,
-        lease_until: Millis,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async move { (**self).renew_dyn(key, token, lease_until).await }
+    async fn renew(&self, key: &str, token: LeaseToken, lease_until: Millis) -> Result<(), StoreError> {
+        (**self).renew_dyn(key, token, lease_until).await
     }
-    fn get(&self, key: &str, now: Millis) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
-        async move { (**self).get_dyn(key, now).await }
+    async fn get(&self, key: &str, now: Millis) -> Result<Option<Record>, StoreError> {
+        (**self).get_dyn(key, now).await
     }
-    fn purge(&self, key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        async move { (**self).purge_dyn(key).await }
+    async fn purge(&self, key: &str) -> Result<bool, StoreError> {
+        (**self).purge_dyn(key).await
     }
-    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async move { (**self).ping_dyn().await }
+    async fn ping(&self) -> Result<(), StoreError> {
+        (**self).ping_dyn().await
     }
     fn notifier(&self) -> &Arc<Notifier> {
         (**self).notifier_dyn()
