@@ -1,4 +1,9 @@
-//! Every store runs the same conformance suite.
+//! Every store runs the same conformance suite; the shared stores (Redis, PostgreSQL) also
+//! show what only they can: two handles acting as two replicas, reconnecting after their server
+//! restarts or their connections are killed, bounded calls on a paused server, and the round
+//! trips a miss costs.
+
+mod support;
 
 mod memory {
     use std::sync::Arc;
@@ -31,6 +36,13 @@ mod embedded {
 /// Redis (`IDEMGATE_TEST_REDIS_URL`), one shared server; keys are unique per test.
 mod redis {
     use std::sync::Arc;
+    use std::time::Duration;
+
+    use idemgate_core::record::now_millis;
+    use idemgate_core::{Begin, LeaseToken, Store, StoreError};
+    use tokio::time::Instant;
+
+    use crate::support::{self, RedisServer, eventually, key, req, response};
 
     use idemgate_stores::{RedisConfig, RedisStore};
 
@@ -45,11 +57,125 @@ mod redis {
     }
 
     idemgate_stores::store_conformance!(open());
+
+    fn on(url: &str, timeout: Duration) -> Arc<RedisStore> {
+        let mut config = RedisConfig::new(url);
+        config.timeout = timeout;
+        Arc::new(RedisStore::new(&config).expect("redis store"))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_handles_act_as_two_replicas() {
+        let (Some(a), Some(b)) = (open().await, open().await) else {
+            return;
+        };
+        support::two_handles_race_and_wake(a, b).await;
+    }
+
+    /// A miss is two round trips: the begin script and the complete script.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_miss_costs_two_round_trips() {
+        let Some(store) = open().await else { return };
+        // Warm up: connect and load the scripts (EVALSHA, NOSCRIPT, SCRIPT LOAD, EVALSHA).
+        let k = key("rt-warm");
+        let t = LeaseToken::random();
+        store.begin(&k, &req(t, now_millis())).await.unwrap();
+        store
+            .complete(&k, t, response(), 60_000, now_millis())
+            .await
+            .unwrap();
+        store
+            .begin(&k, &req(LeaseToken::random(), now_millis()))
+            .await
+            .unwrap();
+        let before = store.round_trips();
+        let k = key("rt");
+        let t = LeaseToken::random();
+        store.begin(&k, &req(t, now_millis())).await.unwrap();
+        store
+            .complete(&k, t, response(), 60_000, now_millis())
+            .await
+            .unwrap();
+        assert_eq!(store.round_trips() - before, 2);
+        let before = store.round_trips();
+        let replay = store
+            .begin(&k, &req(LeaseToken::random(), now_millis()))
+            .await
+            .unwrap();
+        assert!(matches!(replay, Begin::Replay(_)));
+        assert_eq!(store.round_trips() - before, 1, "a replay is one round trip");
+    }
+
+    /// Redis killed (`kill -9`) and restarted on the same port: calls fail within their bound
+    /// while it is down, then work again on the same store value, and waiters are woken by
+    /// pub/sub again (the subscriber re-subscribed).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reconnects_after_the_server_restarts() {
+        if std::env::var("IDEMGATE_TEST_REDIS_URL").is_err() {
+            println!("skipped: IDEMGATE_TEST_REDIS_URL not set");
+            return;
+        }
+        let Some(mut server) = RedisServer::start().await else {
+            return;
+        };
+        let timeout = Duration::from_millis(500);
+        let (a, b) = (on(&server.url(), timeout), on(&server.url(), timeout));
+        let k = key("restart");
+        let t = LeaseToken::random();
+        a.begin(&k, &req(t, now_millis())).await.unwrap();
+        a.complete(&k, t, response(), 60_000, now_millis()).await.unwrap();
+        server.kill9();
+        let started = Instant::now();
+        let down = a.begin(&k, &req(LeaseToken::random(), now_millis())).await;
+        assert!(down.is_err(), "{down:?}");
+        assert!(started.elapsed() < Duration::from_secs(2), "bounded while down");
+        server.restart().await;
+        // The append-only file kept the record; the same store value reconnects.
+        let replay = eventually(Duration::from_secs(10), || async {
+            a.begin(&k, &req(LeaseToken::random(), now_millis())).await
+        })
+        .await;
+        assert!(matches!(replay, Begin::Replay(_)), "{replay:?}");
+        eventually(Duration::from_secs(10), || b.ping()).await;
+        support::waiter_woken_across(a, b, Duration::from_secs(10)).await;
+    }
+
+    /// `CLIENT PAUSE` longer than the timeout: calls end in `Timeout` at the bound.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_paused_server_gives_bounded_timeouts() {
+        if std::env::var("IDEMGATE_TEST_REDIS_URL").is_err() {
+            println!("skipped: IDEMGATE_TEST_REDIS_URL not set");
+            return;
+        }
+        let Some(server) = RedisServer::start().await else {
+            return;
+        };
+        let store = on(&server.url(), Duration::from_millis(300));
+        store.ping().await.unwrap();
+        server.command(&["CLIENT", "PAUSE", "2000", "ALL"]).await;
+        let started = Instant::now();
+        let r = store
+            .begin(&key("paused"), &req(LeaseToken::random(), now_millis()))
+            .await;
+        assert!(matches!(r, Err(StoreError::Timeout)), "{r:?}");
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(250) && took < Duration::from_millis(1500),
+            "{took:?}"
+        );
+    }
 }
 
 /// PostgreSQL (`IDEMGATE_TEST_PG_URL`), one shared database; keys are unique per test.
 mod postgres {
     use std::sync::Arc;
+    use std::time::Duration;
+
+    use idemgate_core::record::now_millis;
+    use idemgate_core::{Begin, LeaseToken, Store, StoreError};
+    use tokio::time::Instant;
+
+    use crate::support::{self, eventually, key, req, response};
 
     use idemgate_stores::{PostgresConfig, PostgresStore};
 
@@ -64,4 +190,208 @@ mod postgres {
     }
 
     idemgate_stores::store_conformance!(open());
+
+    fn url() -> Option<String> {
+        let url = std::env::var("IDEMGATE_TEST_PG_URL").ok();
+        if url.is_none() {
+            println!("skipped: IDEMGATE_TEST_PG_URL not set");
+        }
+        url
+    }
+
+    /// `url` with its own `application_name` (so a test can terminate only its connections)
+    /// and, when `schema` is given, its own `search_path`.
+    fn tagged(url: &str, name: &str, schema: Option<&str>) -> String {
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let mut out = format!("{url}{sep}application_name={name}");
+        if let Some(schema) = schema {
+            out.push_str(&format!("&options=-c%20search_path%3D{schema}"));
+        }
+        out
+    }
+
+    fn on(url: &str, timeout: Duration, pool_size: usize) -> Arc<PostgresStore> {
+        let mut config = PostgresConfig::new(url);
+        config.timeout = timeout;
+        config.pool_size = pool_size;
+        Arc::new(PostgresStore::new(&config).expect("postgres store"))
+    }
+
+    async fn session(url: &str) -> tokio_postgres::Client {
+        let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        client
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_handles_act_as_two_replicas() {
+        let (Some(a), Some(b)) = (open().await, open().await) else {
+            return;
+        };
+        support::two_handles_race_and_wake(a, b).await;
+    }
+
+    /// A miss is two statements (begin, complete) once they are prepared on the connection.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_miss_costs_two_round_trips() {
+        let Some(url) = url() else { return };
+        let store = on(&url, Duration::from_secs(5), 1);
+        let k = key("rt-warm");
+        let t = LeaseToken::random();
+        store.begin(&k, &req(t, now_millis())).await.unwrap();
+        store
+            .complete(&k, t, response(), 60_000, now_millis())
+            .await
+            .unwrap();
+        store
+            .begin(&k, &req(LeaseToken::random(), now_millis()))
+            .await
+            .unwrap();
+        let before = store.round_trips();
+        let k = key("rt");
+        let t = LeaseToken::random();
+        store.begin(&k, &req(t, now_millis())).await.unwrap();
+        store
+            .complete(&k, t, response(), 60_000, now_millis())
+            .await
+            .unwrap();
+        assert_eq!(store.round_trips() - before, 2);
+        let before = store.round_trips();
+        let replay = store
+            .begin(&k, &req(LeaseToken::random(), now_millis()))
+            .await
+            .unwrap();
+        assert!(matches!(replay, Begin::Replay(_)));
+        assert_eq!(store.round_trips() - before, 1, "a replay is one round trip");
+    }
+
+    /// Every connection of the store (pool and LISTEN) terminated by `pg_terminate_backend`:
+    /// the next calls work on fresh connections, and waiters are woken by NOTIFY again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reconnects_after_its_connections_are_terminated() {
+        let Some(base) = url() else { return };
+        let name = format!("idemgate-conf-{:x}", LeaseToken::random().0 >> 64);
+        let url = tagged(&base, &name, None);
+        let (a, b) = (
+            on(&url, Duration::from_secs(2), 4),
+            on(&url, Duration::from_secs(2), 4),
+        );
+        let admin = session(&base).await;
+        let k = key("terminated");
+        let t = LeaseToken::random();
+        a.begin(&k, &req(t, now_millis())).await.unwrap();
+        b.ping().await.unwrap();
+        let terminated = admin
+            .query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+                &[&name],
+            )
+            .await
+            .unwrap()
+            .len();
+        assert!(terminated >= 2, "terminated {terminated} connections");
+        // The owner's complete lands on a fresh connection: the operation is not lost.
+        a.complete(&k, t, response(), 60_000, now_millis()).await.unwrap();
+        let replay = b
+            .begin(&k, &req(LeaseToken::random(), now_millis()))
+            .await
+            .unwrap();
+        assert!(matches!(replay, Begin::Replay(_)), "{replay:?}");
+        // Both LISTEN connections come back (a waiter is woken well before the 30 s lease).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let listening: i64 = admin
+                .query_one("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN%'", &[&name])
+                .await
+                .unwrap()
+                .get(0);
+            if listening >= 2 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "LISTEN connections did not come back");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        support::waiter_woken_across(a, b, Duration::from_secs(10)).await;
+    }
+
+    /// A table locked by someone else (a hung database, as far as the store can tell): calls
+    /// end in `Timeout` at the bound. In a schema of its own, so other tests do not stall.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stalled_database_gives_bounded_timeouts() {
+        let Some(base) = url() else { return };
+        let schema = format!("idemgate_stall_{:x}", LeaseToken::random().0 >> 64);
+        let mut admin = session(&base).await;
+        admin
+            .batch_execute(&format!("CREATE SCHEMA {schema}"))
+            .await
+            .unwrap();
+        let store = on(
+            &tagged(&base, "idemgate-stall", Some(&schema)),
+            Duration::from_millis(300),
+            2,
+        );
+        eventually(Duration::from_secs(10), || store.ping()).await;
+        let txn = admin.transaction().await.unwrap();
+        txn.batch_execute(&format!(
+            "LOCK TABLE {schema}.idemgate_records IN ACCESS EXCLUSIVE MODE"
+        ))
+        .await
+        .unwrap();
+        let started = Instant::now();
+        let r = store
+            .begin(&key("stalled"), &req(LeaseToken::random(), now_millis()))
+            .await;
+        let took = started.elapsed();
+        txn.rollback().await.unwrap();
+        assert!(matches!(r, Err(StoreError::Timeout)), "{r:?}");
+        assert!(
+            took >= Duration::from_millis(250) && took < Duration::from_millis(1500),
+            "{took:?}"
+        );
+        drop(store);
+        admin
+            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .await
+            .unwrap();
+    }
+
+    /// Two stores migrating the same fresh schema at once apply each version once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_migrations_apply_once() {
+        let Some(base) = url() else { return };
+        let schema = format!("idemgate_migrate_{:x}", LeaseToken::random().0 >> 64);
+        let admin = session(&base).await;
+        admin
+            .batch_execute(&format!("CREATE SCHEMA {schema}"))
+            .await
+            .unwrap();
+        let url = tagged(&base, "idemgate-migrate", Some(&schema));
+        let stores: Vec<_> = (0..4).map(|_| on(&url, Duration::from_secs(10), 1)).collect();
+        let runs: Vec<_> = stores
+            .iter()
+            .map(|s| {
+                let s = s.clone();
+                tokio::spawn(async move { s.migrate().await })
+            })
+            .collect();
+        for r in runs {
+            r.await.unwrap().unwrap();
+        }
+        let versions: Vec<i32> = admin
+            .query(
+                &format!("SELECT version FROM {schema}.idemgate_migrations ORDER BY version"),
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(versions, vec![1, 2]);
+        drop(stores);
+        admin
+            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .await
+            .unwrap();
+    }
 }

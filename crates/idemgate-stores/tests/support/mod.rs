@@ -1,0 +1,197 @@
+//! Helpers for the shared-store tests: a redis-server of the test's own (for faults that must
+//! not touch the shared server), and the checks that need two handles on one backend.
+
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemgate_core::engine::{Engine, Outcome, Policy, Started};
+use idemgate_core::record::{LeaseToken, StoredResponse, now_millis};
+use idemgate_core::rules::{Begin, BeginRequest};
+use idemgate_core::{Fingerprint, Store};
+use tokio::time::Instant;
+
+/// A redis-server child on a free loopback port, with an fsync-always append-only file so a
+/// `kill -9` loses nothing acknowledged.
+pub struct RedisServer {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// `None` (and a message) when redis-server is not installed.
+    pub async fn start() -> Option<Self> {
+        if Command::new("redis-server").arg("--version").output().is_err() {
+            println!("skipped: redis-server not installed");
+            return None;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut s = Self {
+            port,
+            dir: tempfile::tempdir().unwrap(),
+            child: None,
+        };
+        s.spawn().await;
+        Some(s)
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    async fn spawn(&mut self) {
+        self.child = Some(
+            Command::new("redis-server")
+                .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+                .args(["--save", "", "--appendonly", "yes", "--appendfsync", "always"])
+                .arg("--dir")
+                .arg(self.dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    pub async fn restart(&mut self) {
+        self.kill9();
+        self.spawn().await;
+    }
+
+    /// One command over a fresh connection.
+    pub async fn command(&self, args: &[&str]) {
+        let client = redis::Client::open(self.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        let _: redis::Value = cmd.query_async(&mut conn).await.unwrap();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub fn fp(n: u8) -> Fingerprint {
+    Fingerprint([n; 32])
+}
+
+pub fn req<'a>(token: LeaseToken, now: u64) -> BeginRequest<'a> {
+    BeginRequest {
+        fingerprint: fp(1),
+        route: "r",
+        token,
+        operation_id: "op_shared",
+        lease_ms: 30_000,
+        retention_ms: 60_000,
+        takeover: true,
+        now,
+    }
+}
+
+pub fn response() -> StoredResponse {
+    StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: Some(b"done".to_vec().into()),
+    }
+}
+
+pub fn key(name: &str) -> String {
+    idemgate_stores::conformance::unique_key(name)
+}
+
+/// Retries `op` until it succeeds, failing after `limit`.
+pub async fn eventually<T, E: std::fmt::Debug, F: std::future::Future<Output = Result<T, E>>>(
+    limit: Duration,
+    mut op: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        match op().await {
+            Ok(v) => return v,
+            Err(e) => assert!(Instant::now() < deadline, "still failing after {limit:?}: {e:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Two handles on one backend (two replicas): concurrent begins on both acquire once, and a
+/// waiter on `b` is woken by `a`'s completion through the backend's channel, long before the
+/// owner's 30 s lease would have woken it.
+pub async fn two_handles_race_and_wake<S: Store>(a: Arc<S>, b: Arc<S>) {
+    let k = key("two-handles");
+    let now = now_millis();
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let (s, k) = (if i % 2 == 0 { a.clone() } else { b.clone() }, k.clone());
+            tokio::spawn(async move { s.begin(&k, &req(LeaseToken::random(), now)).await.unwrap() })
+        })
+        .collect();
+    let mut acquired = 0;
+    for t in tasks {
+        if matches!(t.await.unwrap(), Begin::Acquired { .. }) {
+            acquired += 1;
+        }
+    }
+    assert_eq!(acquired, 1, "exactly one begin acquires across both handles");
+    waiter_woken_across(a, b, Duration::from_secs(5)).await;
+}
+
+/// An owner on `a`, a waiter on `b`: `a`'s completion wakes `b`'s waiter within `limit`.
+pub async fn waiter_woken_across<S: Store>(a: Arc<S>, b: Arc<S>, limit: Duration) {
+    let policy = Policy {
+        lease: Duration::from_secs(30),
+        wait_timeout: Duration::from_secs(25),
+        ..Policy::default()
+    };
+    let (ea, eb) = (Engine::new(a), Engine::new(b));
+    let k = key("wake-across");
+    let Started::Execute(owner) = ea.begin(&k, "r", fp(3), &policy).await.unwrap() else {
+        panic!("first begin executes")
+    };
+    let waiter = {
+        let (eb, k, policy) = (eb.clone(), k.clone(), policy.clone());
+        tokio::spawn(async move { eb.begin(&k, "r", fp(3), &policy).await.unwrap() })
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while eb.store().notifier().watched_keys() == 0 {
+        assert!(Instant::now() < deadline, "the waiter never subscribed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The waiter has subscribed; give its re-check (which flags the record) time to land.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    owner.finish(Outcome::Response(response())).await.unwrap();
+    let woken = tokio::time::timeout(limit, waiter)
+        .await
+        .expect("waiter woken by notification");
+    assert!(
+        matches!(woken.unwrap(), Started::Replay { .. }),
+        "the waiter replays"
+    );
+    assert!(started.elapsed() < limit);
+}
