@@ -464,3 +464,83 @@ pub async fn pg_terminate(admin: &tokio_postgres::Client, name: &str) -> i64 {
         .unwrap();
     i64::try_from(rows.len()).unwrap()
 }
+
+impl Gateway {
+    /// Whether the gateway process is still the one started (it has not exited).
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().unwrap().is_none())
+    }
+}
+
+impl RedisServer {
+    /// A server on a reserved port, not started yet (for "the store is down at start").
+    pub fn unstarted() -> Option<Self> {
+        if Command::new("redis-server").arg("--version").output().is_err() {
+            println!("skipped: redis-server not installed");
+            return None;
+        }
+        Some(Self {
+            port: free_addr().port(),
+            dir: tempfile::tempdir().unwrap(),
+            child: None,
+        })
+    }
+
+    /// Starts an [`RedisServer::unstarted`] server.
+    pub async fn up(&mut self) {
+        self.spawn().await;
+    }
+}
+
+/// A loopback TCP forwarder to `target` that a test can start late and stop: a server that
+/// is down, then up, without touching the real one.
+pub struct TcpForward {
+    pub port: u16,
+    target: SocketAddr,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl TcpForward {
+    pub fn new(target: SocketAddr) -> Self {
+        Self {
+            port: free_addr().port(),
+            target,
+            task: None,
+        }
+    }
+
+    /// Starts accepting and forwarding on `port`.
+    pub async fn start(&mut self) {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port))
+            .await
+            .unwrap();
+        let target = self.target;
+        self.task = Some(tokio::spawn(async move {
+            // Connections live in the set, so stopping the forwarder (aborting this task)
+            // drops and closes every one of them.
+            let mut conns = tokio::task::JoinSet::new();
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                conns.spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        }));
+    }
+
+    /// Closes the listener and every forwarded connection.
+    pub fn stop(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for TcpForward {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
