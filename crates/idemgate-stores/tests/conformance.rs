@@ -355,6 +355,90 @@ mod postgres {
             .unwrap();
     }
 
+    /// The documented row-level security: once enabled, a role that does not own the table
+    /// sees only the records of the tenant its session names, and nothing without one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn row_level_security_confines_a_tenant() {
+        let Some(base) = url() else { return };
+        let suffix = format!("{:x}", LeaseToken::random().0 >> 64);
+        let (schema, role) = (
+            format!("idemgate_rls_{suffix}"),
+            format!("idemgate_rls_reader_{suffix}"),
+        );
+        let admin = session(&base).await;
+        admin
+            .batch_execute(&format!("CREATE SCHEMA {schema}"))
+            .await
+            .unwrap();
+        let store = on(
+            &tagged(&base, "idemgate-rls", Some(&schema)),
+            Duration::from_secs(5),
+            1,
+        );
+        for key in [
+            "t-acme:p:user%3A1:k1",
+            "t-acme:_tenant:*:k2",
+            "t-globex:p:user%3A2:k3",
+            "t-*:*:*:k4",
+        ] {
+            let b = store
+                .begin(key, &req(LeaseToken::random(), now_millis()))
+                .await
+                .unwrap();
+            assert!(matches!(b, Begin::Acquired { .. }));
+        }
+        admin
+            .batch_execute(&format!(
+                "ALTER TABLE {schema}.idemgate_records ENABLE ROW LEVEL SECURITY;
+                 CREATE ROLE {role};
+                 GRANT USAGE ON SCHEMA {schema} TO {role};
+                 GRANT SELECT ON {schema}.idemgate_records TO {role};"
+            ))
+            .await
+            .unwrap();
+        let visible = |tenant: Option<&'static str>| {
+            let (admin, schema, role) = (&admin, &schema, &role);
+            async move {
+                let set = tenant.map_or_else(String::new, |t| format!("SET LOCAL idemgate.tenant = '{t}';"));
+                admin
+                    .batch_execute(&format!("BEGIN; SET LOCAL ROLE {role}; {set}"))
+                    .await
+                    .unwrap();
+                let keys: Vec<String> = admin
+                    .query(
+                        &format!("SELECT key FROM {schema}.idemgate_records ORDER BY key"),
+                        &[],
+                    )
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+                admin.batch_execute("ROLLBACK").await.unwrap();
+                keys
+            }
+        };
+        assert_eq!(
+            visible(Some("acme")).await,
+            ["t-acme:_tenant:*:k2", "t-acme:p:user%3A1:k1"]
+        );
+        assert_eq!(visible(Some("globex")).await, ["t-globex:p:user%3A2:k3"]);
+        assert!(visible(None).await.is_empty(), "no tenant, no rows");
+        // The gateway's role owns the table and still serves every tenant.
+        assert!(
+            store
+                .get("t-globex:p:user%3A2:k3", now_millis())
+                .await
+                .unwrap()
+                .is_some()
+        );
+        drop(store);
+        admin
+            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE; DROP ROLE {role};"))
+            .await
+            .unwrap();
+    }
+
     /// Two stores migrating the same fresh schema at once apply each version once.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_migrations_apply_once() {
