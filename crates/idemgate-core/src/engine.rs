@@ -226,6 +226,23 @@ impl<S: Store> Engine<S> {
         fingerprint: Fingerprint,
         policy: &Policy,
     ) -> Result<Started<S>, StoreError> {
+        self.begin_traced(key, route, fingerprint, policy, &mut false)
+            .await
+    }
+
+    /// [`Engine::begin`], also telling whether the request had to wait for another owner
+    /// (`waited` is set before the first wait, for metrics).
+    ///
+    /// # Errors
+    /// A store error; the caller applies its `on_store_error` policy.
+    pub async fn begin_traced(
+        &self,
+        key: &str,
+        route: &str,
+        fingerprint: Fingerprint,
+        policy: &Policy,
+        waited: &mut bool,
+    ) -> Result<Started<S>, StoreError> {
         let token = LeaseToken::random();
         let operation_id = new_operation_id();
         let wait_until = now_millis() + millis(policy.wait_timeout);
@@ -297,6 +314,7 @@ impl<S: Store> Engine<S> {
             // have died; the next begin then takes over or reports the outcome unknown).
             let wake_at = wait_until.min(lease_until + 1);
             let nap = Duration::from_millis(wake_at.saturating_sub(now_millis()));
+            *waited = true;
             let _ = tokio::time::timeout(nap, sub.notified()).await;
             // A fresh subscription for the next round: the old one has fired.
             subscription = Some(self.store.notifier().subscribe(key));

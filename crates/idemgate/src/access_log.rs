@@ -21,6 +21,17 @@ pub struct AccessLog {
     pub outcome: &'static str,
     pub tenant: String,
     pub project: String,
+    /// A deduplicating route got no key (refused under `required`, forwarded under `accepted`).
+    pub key_missing: bool,
+    /// The request waited for another owner of its key.
+    pub waited: bool,
+    /// The outcome was stored for replay.
+    pub stored: bool,
+    /// A store call failed for this request.
+    pub store_error: bool,
+    /// The problem idemgate answered with, if any, and its reason.
+    pub refusal: Option<crate::problem::Kind>,
+    pub reason: Option<&'static str>,
 }
 
 impl AccessLog {
@@ -39,6 +50,12 @@ impl AccessLog {
             outcome: "forwarded",
             tenant: String::new(),
             project: String::new(),
+            key_missing: false,
+            waited: false,
+            stored: false,
+            store_error: false,
+            refusal: None,
+            reason: None,
         }
     }
 

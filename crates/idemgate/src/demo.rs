@@ -6,7 +6,8 @@
 //! `x-demo-status` (answer this status), `x-demo-delay-ms` (sleep first), `x-demo-body-bytes`
 //! (pad the body to this size), `x-demo-set-cookie` (send a Set-Cookie), `x-demo-echo-headers`
 //! (the request headers it received, as a `headers` object).
-//! `GET /executions` answers the execution count; `GET /executions/{key}` the count for one
+//! `GET /outbox/{id}` answers `{"status":"completed"}` (a status probe; `/outbox-down/{id}`
+//! fails). `GET /executions` answers the execution count; `GET /executions/{key}` the count for one
 //! `Idempotency-Key` value as received.
 
 use std::collections::HashMap;
@@ -70,6 +71,17 @@ fn header<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
 async fn handle(req: Request<Incoming>, counts: Arc<Counts>) -> Result<Response<Full<Bytes>>, Infallible> {
     if req.method() == Method::GET {
         let path = req.uri().path();
+        // A status probe (SPEC 8) for the tour and the tests: `/outbox/{id}` says completed,
+        // `/outbox-down/{id}` fails.
+        if path.starts_with("/outbox/") {
+            return Ok(reply(
+                StatusCode::OK,
+                Bytes::from_static(b"{\"status\":\"completed\"}"),
+            ));
+        }
+        if path.starts_with("/outbox-down/") {
+            return Ok(reply(StatusCode::SERVICE_UNAVAILABLE, Bytes::from_static(b"{}")));
+        }
         let n = match path.strip_prefix("/executions/") {
             Some(key) => counts.for_key(key),
             None if path == "/executions" => counts.total(),

@@ -6,22 +6,28 @@
 //! - [`proxy`]: the request phases (framing, route, policy, dedup, execute).
 //! - [`framing`]: a strict second reading of request heads against smuggling shapes.
 //! - [`identity`]: API keys, JWTs and trusted headers: who is calling.
+//! - [`metrics`]: Prometheus metrics and per-route stats.
 //! - [`openapi`]: the OpenAPI document of the client-facing routes.
 //! - [`problem`]: RFC 9457 responses, the one place mapping refusals to status codes.
 //! - [`store`]: the configured store behind one enum.
 //! - [`server`]: the listener and graceful shutdown.
+//! - [`webhook`]: case B: registry, provider signatures, delivery identifiers.
+//! - [`admin`]: the admin listener: health, readiness, metrics, stats, records.
 //! - [`access_log`]: the per-request JSON line.
 //! - [`demo`]: a counting demo upstream.
 
 pub mod access_log;
+pub mod admin;
 pub mod body;
 pub mod config;
 pub mod demo;
 pub mod framing;
 pub mod identity;
+pub mod metrics;
 pub mod openapi;
 pub mod problem;
 pub mod proxy;
 pub mod routes;
 pub mod server;
 pub mod store;
+pub mod webhook;

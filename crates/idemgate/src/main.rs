@@ -61,16 +61,31 @@ enum Command {
 enum RecordsAction {
     /// Print a record (without its body) as JSON.
     Inspect {
+        /// The namespaced key, e.g. 't-acme:p1:user%3Aalice:order-1'.
         key: String,
-        #[arg(long)]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        target: RecordsTarget,
     },
     /// Delete a record (the escape hatch for `outcome-unknown` or a cached terminal error).
     Purge {
         key: String,
-        #[arg(long)]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        target: RecordsTarget,
     },
+}
+
+/// Where the records are: a running gateway's admin API, or a stopped gateway's embedded store.
+#[derive(clap::Args)]
+struct RecordsTarget {
+    /// The admin listener of a running gateway, e.g. http://127.0.0.1:9090.
+    #[arg(long)]
+    admin: Option<String>,
+    /// The environment variable holding the admin token.
+    #[arg(long, default_value = "IDEMGATE_ADMIN_TOKEN")]
+    token_env: String,
+    /// Without --admin: the config whose embedded store to open (the gateway must be stopped).
+    #[arg(long, conflicts_with = "admin")]
+    config: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -176,88 +191,130 @@ fn run(config: Config) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        let admin = match &config.admin {
+            Some(a) => match tokio::net::TcpListener::bind(a.listen).await {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    tracing::error!(error = %e, listen = %a.listen, "cannot listen for the admin API");
+                    return ExitCode::FAILURE;
+                }
+            },
+            None => None,
+        };
         tracing::info!(listen = %config.listen, store = ?config.store.kind, "idemgate listening");
         let gateway = Arc::new(Gateway::new(config, store));
-        idemgate::server::serve(gateway, listener, idemgate::server::shutdown_signal()).await;
+        let stop = tokio_util::sync::CancellationToken::new();
+        if let Some(listener) = admin {
+            tokio::spawn(idemgate::admin::serve(
+                gateway.clone(),
+                listener,
+                stop.clone().cancelled_owned(),
+            ));
+        }
+        let signal = stop.clone();
+        tokio::spawn(async move {
+            idemgate::server::shutdown_signal().await;
+            signal.cancel();
+        });
+        idemgate::server::serve(gateway, listener, stop.cancelled_owned()).await;
         ExitCode::SUCCESS
     })
 }
 
 fn records(action: RecordsAction) -> ExitCode {
-    let (key, config, purge) = match action {
-        RecordsAction::Inspect { key, config } => (key, config, false),
-        RecordsAction::Purge { key, config } => (key, config, true),
+    let (key, target, purge) = match action {
+        RecordsAction::Inspect { key, target } => (key, target, false),
+        RecordsAction::Purge { key, target } => (key, target, true),
     };
-    let store_config = match config.as_deref().map(Config::load).transpose() {
-        Ok(c) => c.map_or_else(
-            || Config::for_upstream("http://127.0.0.1", None).map(|c| c.store),
-            |c| Ok(c.store),
-        ),
-        Err(e) => Err(e),
+    let result = match &target.admin {
+        Some(url) => runtime().block_on(records_via_admin(url, &target.token_env, &key, purge)),
+        None => records_offline(target.config.as_deref(), &key, purge),
     };
-    let store_config = match store_config {
-        Ok(s) if s.kind == StoreKind::Embedded => s,
-        Ok(_) => {
-            eprintln!("idemgate: records works on the embedded store of a stopped gateway");
-            return ExitCode::from(EXIT_CONFIG);
+    match result {
+        Ok(v) => {
+            println!("{v}");
+            ExitCode::SUCCESS
         }
-        Err(e) => {
+        Err((code, e)) => {
             eprintln!("idemgate: {e}");
-            return ExitCode::from(EXIT_CONFIG);
+            ExitCode::from(code)
         }
-    };
-    runtime().block_on(async move {
-        let store = match idemgate_stores::EmbeddedStore::open(&store_config.path) {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!(
-                    "idemgate: cannot open {} (is a gateway running on it?): {e}",
-                    store_config.path.display()
-                );
-                return ExitCode::FAILURE;
-            }
-        };
-        let result = if purge {
-            store
-                .purge(&key)
-                .await
-                .map(|existed| serde_json::json!({ "purged": existed }))
-        } else {
-            store
-                .get(&key, idemgate_core::record::now_millis())
-                .await
-                .map(|r| match r {
-                    None => serde_json::Value::Null,
-                    Some(r) => describe(&r),
-                })
-        };
-        match result {
-            Ok(v) => {
-                println!("{v}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("idemgate: {e}");
-                ExitCode::FAILURE
-            }
-        }
-    })
+    }
 }
 
-fn describe(r: &idemgate_core::Record) -> serde_json::Value {
-    let (state, status, lease_until) = match &r.state {
-        idemgate_core::RecordState::InFlight { lease_until, .. } => ("in_flight", None, Some(*lease_until)),
-        idemgate_core::RecordState::Completed { response, .. } => ("completed", Some(response.status), None),
+type CliResult = Result<serde_json::Value, (u8, String)>;
+
+async fn records_via_admin(url: &str, token_env: &str, key: &str, purge: bool) -> CliResult {
+    use http_body_util::BodyExt;
+    let token = std::env::var(token_env).map_err(|_| (EXIT_CONFIG, format!("{token_env} is not set")))?;
+    let encoded = percent_encoding::utf8_percent_encode(key, percent_encoding::NON_ALPHANUMERIC);
+    let uri: http::Uri = format!("{}/admin/records/{encoded}", url.trim_end_matches('/'))
+        .parse()
+        .map_err(|e| (EXIT_CONFIG, format!("bad --admin URL: {e}")))?;
+    let req = http::Request::builder()
+        .method(if purge {
+            http::Method::DELETE
+        } else {
+            http::Method::GET
+        })
+        .uri(uri)
+        .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .map_err(|e| (1, e.to_string()))?;
+    let client =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let resp = client
+        .request(req)
+        .await
+        .map_err(|e| (1, format!("cannot reach the admin API: {e}")))?;
+    let status = resp.status();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| (1, e.to_string()))?
+        .to_bytes();
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+    match status.as_u16() {
+        200 => Ok(v),
+        404 => Ok(serde_json::Value::Null),
+        _ => Err((1, format!("admin API answered {status}: {v}"))),
+    }
+}
+
+fn records_offline(config: Option<&std::path::Path>, key: &str, purge: bool) -> CliResult {
+    let loaded = match config {
+        Some(path) => Config::load(path),
+        None => Config::for_upstream("http://127.0.0.1", None),
     };
-    serde_json::json!({
-        "state": state,
-        "status": status,
-        "lease_until_ms": lease_until,
-        "route": r.route,
-        "operation_id": r.operation_id,
-        "fingerprint": r.fingerprint.to_hex(),
-        "created_at_ms": r.created_at,
-        "expires_at_ms": r.expires_at,
-        "generation": r.generation,
+    let store_config = loaded.map_err(|e| (EXIT_CONFIG, e.to_string()))?.store;
+    if store_config.kind != StoreKind::Embedded {
+        return Err((
+            EXIT_CONFIG,
+            "without --admin, records works on a stopped gateway's embedded store".into(),
+        ));
+    }
+    runtime().block_on(async move {
+        let store = idemgate_stores::EmbeddedStore::open(&store_config.path).map_err(|e| {
+            (
+                1,
+                format!(
+                    "cannot open {} (is a gateway running on it? use --admin): {e}",
+                    store_config.path.display()
+                ),
+            )
+        })?;
+        if purge {
+            let existed = store.purge(key).await.map_err(|e| (1, e.to_string()))?;
+            Ok(serde_json::json!({ "purged": existed }))
+        } else {
+            let record = store
+                .get(key, idemgate_core::record::now_millis())
+                .await
+                .map_err(|e| (1, e.to_string()))?;
+            Ok(record.map_or(serde_json::Value::Null, |r| {
+                idemgate::admin::describe_record(&r, false)
+            }))
+        }
     })
 }

@@ -11,7 +11,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -33,6 +33,7 @@ use crate::body::{Body, Prefixed, Read, full, read_limited, stream};
 use crate::config::{Config, OnStoreError, PolicyKind, Route};
 use crate::framing::Verdict;
 use crate::identity;
+use crate::metrics::Metrics;
 use crate::problem::{Kind, Problem};
 use crate::store::AnyStore;
 
@@ -63,6 +64,7 @@ type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
 pub struct Gateway {
     config: Config,
     engine: Engine<AnyStore>,
+    metrics: Arc<Metrics>,
     client: UpstreamClient,
     tasks: TaskTracker,
 }
@@ -76,7 +78,12 @@ impl Gateway {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
             .build(connector);
+        let metrics = Arc::new(Metrics::new(
+            config.routes.iter().map(|r| r.id.as_str()),
+            config.metrics.tenant_labels,
+        ));
         Self {
+            metrics,
             config,
             engine: Engine::new(Arc::new(store)),
             client,
@@ -87,6 +94,16 @@ impl Gateway {
     #[must_use]
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    #[must_use]
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    #[must_use]
+    pub fn engine(&self) -> &Engine<AnyStore> {
+        &self.engine
     }
 
     /// Executions still running (their upstream call and record update), for graceful shutdown.
@@ -116,10 +133,15 @@ impl Gateway {
                 if log.outcome == "forwarded" {
                     log.outcome = "refused";
                 }
+                log.refusal = Some(problem.kind);
+                log.reason = problem.reason;
+                log.store_error |= problem.kind == Kind::StoreUnavailable;
                 problem.into_response()
             }
         };
-        log.emit(resp.status().as_u16());
+        let status = resp.status().as_u16();
+        log.emit(status);
+        self.metrics.observe(&log, status);
         resp
     }
 
@@ -145,6 +167,9 @@ impl Gateway {
         };
         log.endpoint.clone_from(&route.id);
         log.policy = policy_name(route.policy);
+        if route.policy == PolicyKind::Webhook {
+            return self.webhook(route, req, peer, log).await;
+        }
         let principal = self.identify(req.headers(), peer).await?;
         log.set_principal(principal.as_ref());
         let key_lines = || {
@@ -172,6 +197,7 @@ impl Gateway {
                 match raw {
                     Err(e) => return Err(invalid_key(&e)),
                     Ok(None) if route.policy == PolicyKind::Required => {
+                        log.key_missing = true;
                         return Err(Problem::new(
                             Kind::MissingKey,
                             format!("this endpoint requires an {} header", route.header),
@@ -182,55 +208,66 @@ impl Gateway {
             }
         };
         let (parts, body) = req.into_parts();
-        let body = match read_limited(body, self.config.max_request_body).await {
-            Ok(Read::Complete(b)) => b,
-            Ok(Read::TooLarge(..)) => {
-                return Err(Problem::new(
-                    Kind::PayloadTooLarge,
-                    format!("the body is over {} bytes", self.config.max_request_body),
-                )
-                .close());
-            }
-            Err(_) => {
-                return Err(Problem::new(Kind::BadRequest, "the request body could not be read").close());
-            }
-        };
+        let body = self.read_body(body).await?;
         let Some(raw) = raw else {
+            log.key_missing = route.policy == PolicyKind::Accepted;
             return self.forward(&route, parts, body, peer, principal.as_ref()).await;
         };
         log.case = "A";
         log.source = "header";
         let key = namespace(&route, principal.as_ref(), &raw)?;
         log.key_digest = key_digest(&key);
-        self.dedup(route, parts, body, peer, principal, key, log).await
+        let fingerprint = request_fingerprint(&route, &parts, &body);
+        let call = Call {
+            route,
+            parts,
+            body,
+            peer,
+            principal,
+        };
+        self.dedup(call, key, fingerprint, log).await
+    }
+
+    /// Reads a request body, refusing one over `max_request_body`.
+    async fn read_body(&self, body: Incoming) -> Result<Bytes, Problem> {
+        match read_limited(body, self.config.max_request_body).await {
+            Ok(Read::Complete(b)) => Ok(b),
+            Ok(Read::TooLarge(..)) => Err(Problem::new(
+                Kind::PayloadTooLarge,
+                format!("the body is over {} bytes", self.config.max_request_body),
+            )
+            .close()),
+            Err(_) => Err(Problem::new(Kind::BadRequest, "the request body could not be read").close()),
+        }
     }
 
     async fn dedup(
         self: &Arc<Self>,
-        route: Arc<Route>,
-        parts: http::request::Parts,
-        body: Bytes,
-        peer: SocketAddr,
-        principal: Option<Principal>,
+        call: Call,
         key: String,
+        fingerprint: Fingerprint,
         log: &mut AccessLog,
     ) -> Result<Response<Body>, Problem> {
-        let content_type = parts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok());
-        let pq = parts
-            .uri
-            .path_and_query()
-            .map_or("/", http::uri::PathAndQuery::as_str);
-        let fingerprint = Fingerprint::compute(&route.id, parts.method.as_str(), pq, content_type, &body);
-        let started = match self
+        let Call {
+            route,
+            parts,
+            body,
+            peer,
+            principal,
+        } = call;
+        let timer = Instant::now();
+        let begun = self
             .engine
-            .begin(&key, &route.id, fingerprint, &route.engine)
-            .await
-        {
+            .begin_traced(&key, &route.id, fingerprint, &route.engine, &mut log.waited)
+            .await;
+        if !log.waited {
+            // A wait is time spent on another request, not on the store.
+            self.metrics.store_latency("begin", timer.elapsed().as_secs_f64());
+        }
+        let started = match begun {
             Ok(s) => s,
             Err(e) => {
+                log.store_error = true;
                 tracing::warn!(error = %e, endpoint = %route.id, "store error");
                 return match route.on_store_error {
                     OnStoreError::FailClosed => Err(Problem::new(
@@ -254,11 +291,22 @@ impl Gateway {
                 // Spawned and tracked: if the client goes away, the upstream call still runs to
                 // its end and its outcome is recorded.
                 self.tasks.spawn(async move {
-                    let resp = this.execute(&route, parts, body, peer, principal.as_ref(), key, exec).await;
-                    let _ = tx.send(resp);
+                    let mut stored = false;
+                    let call = Call {
+                        route,
+                        parts,
+                        body,
+                        peer,
+                        principal,
+                    };
+                    let resp = this.execute(call, key, exec, &mut stored).await;
+                    let _ = tx.send((resp, stored));
                 });
-                rx.await
-                    .unwrap_or_else(|_| Err(Problem::new(Kind::UpstreamUnavailable, "the execution failed")))
+                let (resp, stored) = rx.await.unwrap_or_else(|_| {
+                    (Err(Problem::new(Kind::UpstreamUnavailable, "the execution failed")), false)
+                });
+                log.stored = stored;
+                resp
             }
             Started::Replay {
                 response,
@@ -268,7 +316,12 @@ impl Gateway {
                 log.cache_hit = true;
                 log.outcome = "replayed";
                 log.operation_id.clone_from(&operation_id);
-                Ok(replay(&route, response, &operation_id, expires_at))
+                let status = self.probe_status(&route, response.body.as_deref()).await;
+                let mut resp = replay(&route, response, &operation_id, expires_at);
+                if let Some(st) = status {
+                    resp.headers_mut().insert(IDEMPOTENCY_STATUS, st);
+                }
+                Ok(resp)
             }
             Started::NotRetained {
                 status,
@@ -297,22 +350,27 @@ impl Gateway {
     /// Calls the upstream as the key's owner and records the outcome.
     async fn execute(
         &self,
-        route: &Route,
-        parts: http::request::Parts,
-        body: Bytes,
-        peer: SocketAddr,
-        principal: Option<&Principal>,
+        call: Call,
         key: String,
         exec: Execution<AnyStore>,
+        stored_flag: &mut bool,
     ) -> Result<Response<Body>, Problem> {
         let op = exec.operation_id().to_owned();
+        let route = &*call.route;
         let upstream = self
-            .call_upstream(route, parts, body, peer, principal, Some((&key, &op)))
+            .call_upstream(
+                route,
+                call.parts,
+                call.body,
+                call.peer,
+                call.principal.as_ref(),
+                Some((&key, &op)),
+            )
             .await;
         let resp = match upstream {
             Ok(resp) => resp,
             Err(problem) => {
-                finish(exec, Outcome::NoResponse).await;
+                self.finish(exec, Outcome::NoResponse).await;
                 return Err(problem.operation(op));
             }
         };
@@ -323,7 +381,7 @@ impl Gateway {
             Ok(Read::Complete(b)) => (Some(Bytes::copy_from_slice(&b)), full(b)),
             Ok(Read::TooLarge(prefix, rest)) => (None, stream(Prefixed::new(prefix, rest))),
             Err(_) => {
-                finish(exec, Outcome::NoResponse).await;
+                self.finish(exec, Outcome::NoResponse).await;
                 return Err(
                     Problem::new(Kind::UpstreamUnavailable, "the upstream response broke off").operation(op),
                 );
@@ -335,8 +393,14 @@ impl Gateway {
             headers: storable_headers(&head.headers),
             body: stored_body,
         };
-        if let Some(Finished::Completed { expires_at }) = finish(exec, Outcome::Response(stored)).await {
+        if let Some(Finished::Completed { expires_at }) = self.finish(exec, Outcome::Response(stored)).await {
+            *stored_flag = true;
             head.headers.insert(IDEMPOTENCY_EXPIRES, rfc3339(expires_at));
+            if route.status.is_some() {
+                // SPEC 8: the first response of an asynchronous procedure is `processing`.
+                head.headers
+                    .insert(IDEMPOTENCY_STATUS, HeaderValue::from_static("processing"));
+            }
         }
         head.headers.insert(OPERATION_ID, header_value(&op));
         Ok(Response::from_parts(head, rest))
@@ -392,7 +456,11 @@ impl Gateway {
         parts.uri = uri;
         parts.version = http::Version::HTTP_11;
         let req = Request::from_parts(parts, Full::new(body));
-        match tokio::time::timeout(route.upstream.timeout, self.client.request(req)).await {
+        let timer = Instant::now();
+        let answer = tokio::time::timeout(route.upstream.timeout, self.client.request(req)).await;
+        self.metrics
+            .upstream_latency(&route.id, timer.elapsed().as_secs_f64());
+        match answer {
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(e)) => {
                 tracing::warn!(upstream = %route.upstream.name, error = %e, "upstream request failed");
@@ -439,6 +507,95 @@ impl Gateway {
             headers.insert(identity::PROJECT_HEADER, header_value(&p.project));
             headers.insert(identity::SUBJECT_HEADER, header_value(&p.subject));
         }
+    }
+
+    /// SPEC 8: on a replay, asks the route's probe how the created resource is doing. Any
+    /// failure (no id in the body, probe down, odd answer) falls back to `processing`, logged.
+    async fn probe_status(&self, route: &Route, body: Option<&[u8]>) -> Option<HeaderValue> {
+        let st = route.status.as_ref()?;
+        let processing = HeaderValue::from_static("processing");
+        let id = body
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
+            .and_then(|v| match v.pointer(&st.resource_id)? {
+                serde_json::Value::String(s) => Some(s.clone()),
+                serde_json::Value::Number(n) => Some(n.to_string()),
+                _ => None,
+            });
+        let Some(id) = id else {
+            tracing::warn!(endpoint = %route.id, "status probe: no resource id in the stored body");
+            return Some(processing);
+        };
+        let encoded =
+            percent_encoding::utf8_percent_encode(&id, percent_encoding::NON_ALPHANUMERIC).to_string();
+        let Ok(uri) = st.probe.replace("{resource_id}", &encoded).parse::<Uri>() else {
+            return Some(processing);
+        };
+        let req = Request::get(uri).body(Full::new(Bytes::new())).ok()?;
+        let answer = async {
+            let resp = self.client.request(req).await.ok()?;
+            if !resp.status().is_success() {
+                return None;
+            }
+            let body = http_body_util::BodyExt::collect(resp.into_body())
+                .await
+                .ok()?
+                .to_bytes();
+            let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
+            match v.get("status")?.as_str()? {
+                s @ ("processing" | "completed" | "failed") => Some(HeaderValue::from_static(match s {
+                    "completed" => "completed",
+                    "failed" => "failed",
+                    _ => "processing",
+                })),
+                _ => None,
+            }
+        };
+        match tokio::time::timeout(Duration::from_secs(2), answer).await {
+            Ok(Some(v)) => Some(v),
+            _ => {
+                tracing::warn!(endpoint = %route.id, "status probe failed; answering processing");
+                Some(processing)
+            }
+        }
+    }
+
+    /// Case B: the provider's delivery, verified and keyed by its own identifier (SPEC 6).
+    async fn webhook(
+        self: &Arc<Self>,
+        route: Arc<Route>,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        log: &mut AccessLog,
+    ) -> Result<Response<Body>, Problem> {
+        let unknown = || Problem::new(Kind::UnknownWebhook, "no such webhook");
+        let webhooks = self.config.webhooks.clone().ok_or_else(unknown)?;
+        let path = req.uri().path().to_owned();
+        let params = route.path.matches(&path).ok_or_else(unknown)?;
+        let webhook_id = params
+            .iter()
+            .find(|(n, _)| *n == "webhook_id")
+            .map(|(_, v)| (*v).to_owned());
+        let webhook_id = webhook_id.ok_or_else(unknown)?;
+        let (parts, body) = req.into_parts();
+        let body = self.read_body(body).await?;
+        let admitted = webhooks.admit(&route, &webhook_id, &parts, &body)?;
+        log.case = "B";
+        log.source = admitted.provider;
+        log.set_principal(Some(&admitted.principal));
+        let key = namespace(&route, Some(&admitted.principal), &admitted.raw_key)?;
+        log.key_digest = key_digest(&key);
+        // Keyed by the provider's delivery id alone: a redelivery is the same delivery even if
+        // the provider changed a field of the payload (Stripe's `pending_webhooks`), so the body
+        // is not part of the fingerprint.
+        let fingerprint = Fingerprint::compute(&route.id, "WEBHOOK", &admitted.raw_key, None, b"");
+        let call = Call {
+            route,
+            parts,
+            body,
+            peer,
+            principal: Some(admitted.principal),
+        };
+        self.dedup(call, key, fingerprint, log).await
     }
 
     /// `GET {route path}/by-idempotency-key/{key}[/output]` on a route with `recovery: true`.
@@ -494,7 +651,12 @@ impl Gateway {
                     Some(_) => {
                         log.cache_hit = true;
                         log.outcome = "recovered";
-                        Ok(replay(route, response, &record.operation_id, record.expires_at))
+                        let status = self.probe_status(route, response.body.as_deref()).await;
+                        let mut resp = replay(route, response, &record.operation_id, record.expires_at);
+                        if let Some(st) = status {
+                            resp.headers_mut().insert(IDEMPOTENCY_STATUS, st);
+                        }
+                        Ok(resp)
                     }
                     None => Err(not_retained(response.status, record.operation_id)),
                 }
@@ -517,6 +679,28 @@ impl Gateway {
             _ => Err(not_found()),
         }
     }
+}
+
+/// A request on its way upstream: where it goes, what it carries, who sent it.
+struct Call {
+    route: Arc<Route>,
+    parts: http::request::Parts,
+    body: Bytes,
+    peer: SocketAddr,
+    principal: Option<Principal>,
+}
+
+/// The case-A fingerprint: route, method, normalized path and query, body.
+fn request_fingerprint(route: &Route, parts: &http::request::Parts, body: &[u8]) -> Fingerprint {
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let pq = parts
+        .uri
+        .path_and_query()
+        .map_or("/", http::uri::PathAndQuery::as_str);
+    Fingerprint::compute(&route.id, parts.method.as_str(), pq, content_type, body)
 }
 
 /// The namespaced key for a route and caller; a scope that needs a principal without one is 401.
@@ -542,6 +726,21 @@ fn not_retained(status: u16, operation_id: String) -> Problem {
         format!("the original request completed with status {status}, but its body was too large to keep"),
     )
     .operation(operation_id)
+}
+
+impl Gateway {
+    /// Completes or releases an execution, timing the store call.
+    async fn finish(&self, exec: Execution<AnyStore>, outcome: Outcome) -> Option<Finished> {
+        let timer = Instant::now();
+        let finished = finish(exec, outcome).await;
+        let op = if matches!(finished, Some(Finished::Completed { .. })) {
+            "complete"
+        } else {
+            "release"
+        };
+        self.metrics.store_latency(op, timer.elapsed().as_secs_f64());
+        finished
+    }
 }
 
 async fn finish(exec: Execution<AnyStore>, outcome: Outcome) -> Option<Finished> {

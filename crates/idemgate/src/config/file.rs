@@ -30,13 +30,7 @@ macro_rules! not_yet {
     };
 }
 
-not_yet!(WebhooksNotYet, "webhooks", "webhooks (case B providers)");
-not_yet!(StatusNotYet, "status", "the status probe");
 not_yet!(TargetNotYet, "target", "a Restate target");
-not_yet!(ProviderNotYet, "provider", "a webhook provider");
-not_yet!(AdminNotYet, "admin_listen", "the admin listener");
-not_yet!(AdminTokenNotYet, "admin_token_env", "the admin listener");
-not_yet!(PublicUrlNotYet, "public_base_url", "webhook URL signing");
 not_yet!(AdminUrlNotYet, "admin_url", "Restate retention");
 
 /// A duration written as `250ms`, `30s`, `10m`, `24h`, `7d`.
@@ -108,19 +102,42 @@ pub struct FileConfig {
     pub identity: Option<super::identity::IdentityFile>,
     #[serde(default)]
     pub idempotency: Settings,
-    pub webhooks: Option<WebhooksNotYet>,
+    pub webhooks: Option<super::webhooks::WebhooksFile>,
     #[serde(default)]
     pub routes: Vec<RouteFile>,
+    #[serde(default)]
+    pub metrics: MetricsFile,
+}
+
+/// A route's `status:` probe (SPEC 8).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatusFile {
+    /// JSON pointer into the stored response body, e.g. `/id`.
+    pub resource_id: String,
+    /// `http://` URL with `{resource_id}`, answering `{"status": "processing|completed|failed"}`.
+    pub probe: String,
+}
+
+/// `metrics:`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsFile {
+    /// Label counters with tenant and project (default true); false bounds cardinality.
+    pub tenant_labels: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerFile {
     pub listen: Option<String>,
-    pub admin_listen: Option<AdminNotYet>,
-    pub admin_token_env: Option<AdminTokenNotYet>,
+    /// The admin listener (healthz, readyz, metrics, admin API); off when unset.
+    pub admin_listen: Option<String>,
+    /// The environment variable holding the bearer token for `/admin/*`.
+    pub admin_token_env: Option<String>,
     pub max_request_body: Option<Size>,
-    pub public_base_url: Option<PublicUrlNotYet>,
+    /// What webhook providers sign (Twilio signs the public URL).
+    pub public_base_url: Option<String>,
     /// How long a graceful shutdown waits for in-flight requests (default 30s).
     pub shutdown_timeout: Option<Dur>,
 }
@@ -294,8 +311,9 @@ with_settings! {
         pub project: Option<String>,
         #[serde(default)]
         pub recovery: bool,
-        pub status: Option<StatusNotYet>,
+        pub status: Option<StatusFile>,
         pub target: Option<TargetNotYet>,
-        pub provider: Option<ProviderNotYet>,
+        pub provider: Option<super::webhooks::Provider>,
+        pub generic: Option<super::webhooks::GenericFile>,
     }
 }

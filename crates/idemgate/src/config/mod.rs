@@ -3,6 +3,7 @@
 
 pub mod file;
 pub mod identity;
+pub mod webhooks;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -36,6 +37,33 @@ pub struct Config {
     pub routes: Table<Arc<Route>>,
     /// `None` when no identity method is configured: every caller is anonymous.
     pub identity: Option<Arc<crate::identity::Identity>>,
+    pub metrics: MetricsConfig,
+    /// The admin listener, when `server.admin_listen` is set.
+    pub admin: Option<AdminConfig>,
+    /// The webhook registry and verifiers, when a `webhooks:` section exists.
+    pub webhooks: Option<Arc<crate::webhook::Webhooks>>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct MetricsConfig {
+    pub tenant_labels: bool,
+}
+
+/// `server.admin_listen` and the token read from `server.admin_token_env`.
+#[derive(Clone)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+    /// `None` when no token variable is configured: `/admin/*` then refuses every request.
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token.
+        f.debug_struct("AdminConfig")
+            .field("listen", &self.listen)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -79,6 +107,11 @@ pub struct Route {
     pub project: Option<String>,
     /// Serves `GET {path}/by-idempotency-key/{key}` and `.../output` (SPEC 5).
     pub recovery: bool,
+    /// `policy: webhook` routes: the provider, and a generic provider's settings.
+    pub provider: Option<webhooks::Provider>,
+    pub generic: Option<webhooks::GenericFile>,
+    /// The asynchronous status probe (SPEC 8).
+    pub status: Option<file::StatusFile>,
 }
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -191,6 +224,17 @@ fn resolve(file: FileConfig, text: &str, base: &std::path::Path) -> Result<Confi
         )),
         _ => None,
     };
+    let webhooks = match &file.webhooks {
+        Some(w) => Some(Arc::new(
+            crate::webhook::Webhooks::new(w, file.server.public_base_url.clone(), base).map_err(|e| {
+                ConfigError(format!(
+                    "{}{e}",
+                    key_line(text, "webhooks").map_or_else(String::new, |l| format!("line {l}: "))
+                ))
+            })?,
+        )),
+        None => None,
+    };
     let listen = file.server.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
     let listen: SocketAddr = listen
         .parse()
@@ -223,6 +267,12 @@ fn resolve(file: FileConfig, text: &str, base: &std::path::Path) -> Result<Confi
         }
         let route = resolve_route(rf, &file.idempotency, &upstreams, identity.is_some())
             .map_err(|(k, why)| err(k, why))?;
+        if route.policy == PolicyKind::Webhook && webhooks.is_none() {
+            return Err(err(
+                "policy",
+                "`webhook` routes need a `webhooks:` section".into(),
+            ));
+        }
         entries.push((route.methods.clone(), route.path.clone(), Arc::new(route)));
     }
     if entries.is_empty() {
@@ -243,6 +293,11 @@ fn resolve(file: FileConfig, text: &str, base: &std::path::Path) -> Result<Confi
         store,
         routes: Table::new(entries),
         identity,
+        webhooks,
+        metrics: MetricsConfig {
+            tenant_labels: file.metrics.tenant_labels.unwrap_or(true),
+        },
+        admin: resolve_admin(&file.server)?,
     })
 }
 
@@ -336,6 +391,29 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+fn resolve_admin(server: &file::ServerFile) -> Result<Option<AdminConfig>, ConfigError> {
+    let Some(listen) = &server.admin_listen else {
+        if server.admin_token_env.is_some() {
+            return Err(ConfigError(
+                "server.admin_token_env: needs server.admin_listen".into(),
+            ));
+        }
+        return Ok(None);
+    };
+    let listen = listen
+        .parse()
+        .map_err(|e| ConfigError(format!("server.admin_listen: `{listen}` is not an address: {e}")))?;
+    let token = match &server.admin_token_env {
+        Some(var) => Some(std::env::var(var).ok().filter(|t| !t.is_empty()).ok_or_else(|| {
+            ConfigError(format!(
+                "server.admin_token_env: environment variable {var} is not set"
+            ))
+        })?),
+        None => None,
+    };
+    Ok(Some(AdminConfig { listen, token }))
+}
+
 fn parse_base(url: &str) -> Result<Uri, String> {
     let uri: Uri = url.parse().map_err(|e| format!("`{url}` is not a URL: {e}"))?;
     if uri.scheme_str() != Some("http") || uri.authority().is_none() {
@@ -363,8 +441,48 @@ fn resolve_route(
             format!("`{}` is not defined under `upstreams`", rf.upstream),
         )
     })?;
+    if let Some(st) = &rf.status {
+        if !st.resource_id.starts_with('/') {
+            return Err((
+                "status.resource_id",
+                "must be a JSON pointer such as `/id`".into(),
+            ));
+        }
+        let ok = st.probe.contains("{resource_id}")
+            && st
+                .probe
+                .replace("{resource_id}", "x")
+                .parse::<Uri>()
+                .is_ok_and(|u| u.scheme_str() == Some("http"));
+        if !ok {
+            return Err((
+                "status.probe",
+                "must be an http:// URL containing `{resource_id}`".into(),
+            ));
+        }
+    }
     if rf.policy == PolicyKind::Webhook {
-        return Err(("policy", "`webhook` routes are not supported yet".into()));
+        if !rf.path.contains("{webhook_id}") {
+            return Err((
+                "path",
+                "a `webhook` route's path needs a `{webhook_id}` segment".into(),
+            ));
+        }
+        match (rf.provider, &rf.generic) {
+            (None, _) => return Err(("provider", "a `webhook` route needs a provider".into())),
+            (Some(webhooks::Provider::Generic), None) => {
+                return Err(("generic", "provider `generic` needs a `generic:` block".into()));
+            }
+            (Some(p), Some(_)) if p != webhooks::Provider::Generic => {
+                return Err((
+                    "generic",
+                    "only provider `generic` takes a `generic:` block".into(),
+                ));
+            }
+            _ => {}
+        }
+    } else if rf.provider.is_some() || rf.generic.is_some() {
+        return Err(("provider", "only `policy: webhook` routes take a provider".into()));
     }
     if let Some(p) = &rf.project {
         if p != idemgate_core::namespace::PROJECT_TENANT && p != idemgate_core::namespace::PROJECT_PLATFORM {
@@ -373,11 +491,14 @@ fn resolve_route(
     }
     // SPEC 4.1: `subject` once identity is configured; without identity there is no principal,
     // so `global`.
-    let scope = rf.scope.unwrap_or(if has_identity {
-        Scope::Subject
-    } else {
-        Scope::Global
-    });
+    // Webhook principals come from the registry, so their routes are subject-scoped too.
+    let scope = rf
+        .scope
+        .unwrap_or(if has_identity || rf.policy == PolicyKind::Webhook {
+            Scope::Subject
+        } else {
+            Scope::Global
+        });
     let s = rf.settings().or(defaults);
     let header = header_name(s.header.as_deref().unwrap_or("Idempotency-Key")).map_err(|w| ("header", w))?;
     let replayed_header = header_name(s.replayed_header.as_deref().unwrap_or("Idempotent-Replayed"))
@@ -392,8 +513,14 @@ fn resolve_route(
     )
     .map_err(|e| ("key_pattern", e.to_string()))?;
     let base = Policy::default();
+    // Providers redeliver for days: webhook routes keep records 7d unless told otherwise.
+    let default_retention = if rf.policy == PolicyKind::Webhook {
+        Duration::from_secs(7 * 86_400)
+    } else {
+        base.retention
+    };
     let engine = Policy {
-        retention: s.retention.map_or(base.retention, |d| d.0),
+        retention: s.retention.map_or(default_retention, |d| d.0),
         lease: s.lease.map_or(base.lease, |d| d.0),
         concurrent: match s.concurrent {
             Some(ConcurrentFile::Reject) => Concurrency::Reject,
@@ -430,6 +557,9 @@ fn resolve_route(
         on_store_error,
         project: rf.project.clone(),
         recovery: rf.recovery,
+        provider: rf.provider,
+        generic: rf.generic.clone(),
+        status: rf.status.clone(),
     })
 }
 

@@ -60,7 +60,7 @@ pub struct Identity {
 #[derive(Debug)]
 enum Method {
     ApiKeys(ApiKeys),
-    Jwt(Jwt),
+    Jwt(Box<Jwt>),
     Trusted(TrustedHeaders),
 }
 
@@ -76,7 +76,7 @@ impl Identity {
             .iter()
             .map(|m| match m {
                 MethodFile::ApiKeys(f) => ApiKeys::load(&base.join(&f.file)).map(Method::ApiKeys),
-                MethodFile::Jwt(f) => Jwt::from_file(f, base).map(Method::Jwt),
+                MethodFile::Jwt(f) => Jwt::from_file(f, base).map(|j| Method::Jwt(Box::new(j))),
                 MethodFile::TrustedHeaders(f) => TrustedHeaders::from_file(f).map(Method::Trusted),
             })
             .collect::<Result<_, _>>()?;

@@ -544,3 +544,34 @@ impl Drop for TcpForward {
         self.stop();
     }
 }
+
+impl Gateway {
+    /// Starts a gateway from a complete YAML file with `{listen}` and `{upstream}` placeholders.
+    pub async fn start_full(
+        upstream: &Upstream,
+        yaml: &str,
+        env: &[(&str, &str)],
+        files: &[(&str, &[u8])],
+    ) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, contents) in files {
+            std::fs::write(dir.path().join(name), contents).unwrap();
+        }
+        let addr = free_addr();
+        let yaml = yaml
+            .replace("{listen}", &addr.to_string())
+            .replace("{upstream}", &format!("http://{}", upstream.addr));
+        let config = dir.path().join("idemgate.yaml");
+        std::fs::write(&config, yaml).unwrap();
+        let log = dir.path().join("gateway.log");
+        let mut gw = Self {
+            addr,
+            child: None,
+            dir,
+            config,
+            log,
+        };
+        gw.spawn_env(env).await;
+        gw
+    }
+}

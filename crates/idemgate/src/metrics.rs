@@ -1,0 +1,294 @@
+//! Prometheus metrics (SPEC 12) and the per-route counters behind `/admin/stats`.
+//!
+//! Every request's counters are derived in one place, [`Metrics::observe`], from the facts its
+//! [`AccessLog`] gathered, so the log line, the metrics and the stats can never disagree.
+//! Latency histograms are recorded where the time is spent (store calls, upstream calls).
+//!
+//! Labels: `tenant`, `project`, `endpoint` (the route id) on every counter, plus the metric's own
+//! (`case`, `class`, `reason`, `status`, `provider`). With `metrics.tenant_labels: false` the
+//! tenant and project labels are left out, to bound cardinality.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+
+use crate::access_log::AccessLog;
+use crate::problem::Kind;
+
+/// A counter's labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct Labels {
+    tenant: Option<String>,
+    project: Option<String>,
+    endpoint: String,
+    extra: Option<(&'static str, String)>,
+}
+
+impl EncodeLabelSet for Labels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeLabel;
+        if let Some(t) = &self.tenant {
+            ("tenant", t.as_str()).encode(encoder.encode_label())?;
+        }
+        if let Some(p) = &self.project {
+            ("project", p.as_str()).encode(encoder.encode_label())?;
+        }
+        ("endpoint", self.endpoint.as_str()).encode(encoder.encode_label())?;
+        if let Some((k, v)) = &self.extra {
+            (*k, v.as_str()).encode(encoder.encode_label())?;
+        }
+        Ok(())
+    }
+}
+
+/// A histogram's labels: `op` for the store, `endpoint` for the upstream.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct OpLabels {
+    pub op: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct EndpointLabels {
+    pub endpoint: String,
+}
+
+type Counters = Family<Labels, Counter>;
+
+/// Per-route counters for `/admin/stats`.
+#[derive(Debug, Default, Serialize)]
+pub struct RouteStats {
+    requests: AtomicU64,
+    cache_hits: AtomicU64,
+    cache_misses: AtomicU64,
+    in_flight_waits: AtomicU64,
+    enforced: AtomicU64,
+    invalid_key: AtomicU64,
+    store_errors: AtomicU64,
+    responses_stored: AtomicU64,
+}
+
+/// All metrics of one gateway.
+pub struct Metrics {
+    registry: Registry,
+    tenant_labels: bool,
+    key_present: Counters,
+    key_missing: Counters,
+    key_invalid: Counters,
+    translation_failed: Counters,
+    cache_hit: Counters,
+    cache_miss: Counters,
+    conflict: Counters,
+    store_errors: Counters,
+    store_seconds: Family<OpLabels, Histogram>,
+    upstream_seconds: Family<EndpointLabels, Histogram>,
+    stats: HashMap<String, RouteStats>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("tenant_labels", &self.tenant_labels)
+            .finish_non_exhaustive()
+    }
+}
+
+fn latency() -> Histogram {
+    // 100 µs to about 26 s.
+    Histogram::new(exponential_buckets(0.0001, 2.0, 18))
+}
+
+impl Metrics {
+    /// Metrics for the given route ids.
+    #[must_use]
+    pub fn new<'a>(routes: impl IntoIterator<Item = &'a str>, tenant_labels: bool) -> Self {
+        let mut registry = Registry::default();
+        let mut counter = |name: &str, help: &str| {
+            let family = Counters::default();
+            registry.register(name, help, family.clone());
+            family
+        };
+        let key_present = counter(
+            "idempotency_key_present",
+            "Requests carrying an idempotency key, by case (A header, B webhook)",
+        );
+        let key_missing = counter(
+            "idempotency_key_missing",
+            "Requests without a key on a deduplicating route, by policy class",
+        );
+        let key_invalid = counter("idempotency_key_invalid", "Keys refused, by reason");
+        let translation_failed = counter(
+            "transport_translation_failed",
+            "Webhook deliveries whose identifier could not be lifted, by provider",
+        );
+        let cache_hit = counter(
+            "idempotency_cache_hit",
+            "Replays of a stored outcome, by stored status",
+        );
+        let cache_miss = counter(
+            "idempotency_cache_miss",
+            "Executions: the key was new (or released) and the upstream ran",
+        );
+        let conflict = counter(
+            "idempotency_conflict",
+            "Requests refused for a key conflict, by reason",
+        );
+        let store_errors = counter("idempotency_store_errors", "Store errors met by requests");
+        // The tower layer counts this one; the gateway cannot see inside a handler.
+        let handler_internal = Counters::default();
+        registry.register(
+            "handler_internal_dedup_hit",
+            "Handler-internal (case C) dedup hits, counted by the library",
+            handler_internal,
+        );
+        let store_seconds = Family::<OpLabels, Histogram>::new_with_constructor(latency as fn() -> Histogram);
+        registry.register(
+            "idempotency_store_duration_seconds",
+            "Store call latency, by operation",
+            store_seconds.clone(),
+        );
+        let upstream_seconds =
+            Family::<EndpointLabels, Histogram>::new_with_constructor(latency as fn() -> Histogram);
+        registry.register(
+            "idempotency_upstream_duration_seconds",
+            "Upstream call latency, by endpoint",
+            upstream_seconds.clone(),
+        );
+        Self {
+            registry,
+            tenant_labels,
+            key_present,
+            key_missing,
+            key_invalid,
+            translation_failed,
+            cache_hit,
+            cache_miss,
+            conflict,
+            store_errors,
+            store_seconds,
+            upstream_seconds,
+            stats: routes
+                .into_iter()
+                .map(|r| (r.to_owned(), RouteStats::default()))
+                .collect(),
+        }
+    }
+
+    fn labels(&self, log: &AccessLog, extra: Option<(&'static str, String)>) -> Labels {
+        let keep = |s: &str| (self.tenant_labels && !s.is_empty()).then(|| s.to_owned());
+        Labels {
+            tenant: keep(&log.tenant),
+            project: keep(&log.project),
+            endpoint: log.endpoint.clone(),
+            extra,
+        }
+    }
+
+    /// Records one finished request.
+    pub fn observe(&self, log: &AccessLog, status: u16) {
+        if log.endpoint.is_empty() {
+            return; // no route: nothing per endpoint to count
+        }
+        let stats = self.stats.get(&log.endpoint);
+        let bump = |field: fn(&RouteStats) -> &AtomicU64| {
+            if let Some(s) = stats {
+                field(s).fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        bump(|s| &s.requests);
+        let inc = |family: &Counters, extra: Option<(&'static str, String)>| {
+            family.get_or_create(&self.labels(log, extra)).inc();
+        };
+        if log.case != "none" {
+            inc(&self.key_present, Some(("case", log.case.to_owned())));
+        }
+        if log.key_missing {
+            inc(&self.key_missing, Some(("class", log.policy.to_owned())));
+        }
+        match log.outcome {
+            "replayed" | "recovered" => {
+                inc(&self.cache_hit, Some(("status", status.to_string())));
+                bump(|s| &s.cache_hits);
+            }
+            "executed" => {
+                inc(&self.cache_miss, None);
+                bump(|s| &s.cache_misses);
+            }
+            _ => {}
+        }
+        if log.waited {
+            bump(|s| &s.in_flight_waits);
+        }
+        if log.stored {
+            bump(|s| &s.responses_stored);
+        }
+        if log.store_error {
+            inc(&self.store_errors, None);
+            bump(|s| &s.store_errors);
+        }
+        let conflict = |reason: &str| inc(&self.conflict, Some(("reason", reason.to_owned())));
+        match log.refusal {
+            Some(Kind::MissingKey | Kind::KeyNotAllowed) => {
+                bump(|s| &s.enforced);
+            }
+            Some(Kind::InvalidKey) => {
+                inc(
+                    &self.key_invalid,
+                    Some(("reason", log.reason.unwrap_or("syntax").to_owned())),
+                );
+                bump(|s| &s.invalid_key);
+            }
+            Some(Kind::TranslationFailed) => {
+                inc(
+                    &self.translation_failed,
+                    Some(("provider", log.source.to_owned())),
+                );
+            }
+            Some(Kind::KeyReused) => conflict("key_reused"),
+            Some(Kind::RequestInFlight) => conflict("in_flight"),
+            Some(Kind::OutcomeUnknown) => conflict("outcome_unknown"),
+            Some(Kind::ResponseNotRetained) => conflict("not_retained"),
+            _ => {}
+        }
+    }
+
+    /// Records a store call's latency.
+    pub fn store_latency(&self, op: &'static str, seconds: f64) {
+        self.store_seconds
+            .get_or_create(&OpLabels { op })
+            .observe(seconds);
+    }
+
+    /// Records an upstream call's latency.
+    pub fn upstream_latency(&self, endpoint: &str, seconds: f64) {
+        self.upstream_seconds
+            .get_or_create(&EndpointLabels {
+                endpoint: endpoint.to_owned(),
+            })
+            .observe(seconds);
+    }
+
+    /// The Prometheus text exposition.
+    #[must_use]
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Per-route counters, for `/admin/stats`.
+    #[must_use]
+    pub fn stats(&self) -> serde_json::Value {
+        serde_json::to_value(&self.stats).unwrap_or_default()
+    }
+}
+
+/// Shared handle.
+pub type SharedMetrics = Arc<Metrics>;
