@@ -89,6 +89,8 @@ pub struct Metrics {
     store_seconds: Family<OpLabels, Histogram>,
     upstream_seconds: Family<EndpointLabels, Histogram>,
     stats: HashMap<String, RouteStats>,
+    /// Registered family names (for the dashboard test).
+    names: Vec<&'static str>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -109,9 +111,11 @@ impl Metrics {
     #[must_use]
     pub fn new<'a>(routes: impl IntoIterator<Item = &'a str>, tenant_labels: bool) -> Self {
         let mut registry = Registry::default();
-        let mut counter = |name: &str, help: &str| {
+        let mut names = Vec::new();
+        let mut counter = |name: &'static str, help: &str| {
             let family = Counters::default();
             registry.register(name, help, family.clone());
+            names.push(name);
             family
         };
         let key_present = counter(
@@ -141,11 +145,9 @@ impl Metrics {
         );
         let store_errors = counter("idempotency_store_errors", "Store errors met by requests");
         // The tower layer counts this one; the gateway cannot see inside a handler.
-        let handler_internal = Counters::default();
-        registry.register(
+        let _ = counter(
             "handler_internal_dedup_hit",
             "Handler-internal (case C) dedup hits, counted by the library",
-            handler_internal,
         );
         let store_seconds = Family::<OpLabels, Histogram>::new_with_constructor(latency as fn() -> Histogram);
         registry.register(
@@ -160,6 +162,7 @@ impl Metrics {
             "Upstream call latency, by endpoint",
             upstream_seconds.clone(),
         );
+        names.extend(["idempotency_store_duration_seconds", "idempotency_upstream_duration_seconds"]);
         Self {
             registry,
             tenant_labels,
@@ -177,6 +180,7 @@ impl Metrics {
                 .into_iter()
                 .map(|r| (r.to_owned(), RouteStats::default()))
                 .collect(),
+            names,
         }
     }
 
@@ -292,3 +296,31 @@ impl Metrics {
 
 /// Shared handle.
 pub type SharedMetrics = Arc<Metrics>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every metric the shipped dashboard and alert rules query is one the gateway exports.
+    #[test]
+    fn dashboard_and_alerts_use_only_exported_metrics() {
+        let exported = Metrics::new(["r"], true).names;
+        let docs = [
+            include_str!("../../../docs/grafana/idemgate-dashboard.json"),
+            include_str!("../../../docs/grafana/alerts.yaml"),
+        ];
+        let mut checked = 0;
+        for doc in docs {
+            for word in doc.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                let is_metric = word.starts_with("idempotency_") || word.starts_with("transport_");
+                if !is_metric || word.ends_with("_total") && word.len() < 8 {
+                    continue;
+                }
+                let base = word.trim_end_matches("_bucket").trim_end_matches("_total");
+                assert!(exported.contains(&base), "{word} is not exported");
+                checked += 1;
+            }
+        }
+        assert!(checked > 20, "the documents reference the metrics ({checked})");
+    }
+}

@@ -578,9 +578,12 @@ impl Gateway {
         let webhook_id = webhook_id.ok_or_else(unknown)?;
         let (parts, body) = req.into_parts();
         let body = self.read_body(body).await?;
-        let admitted = webhooks.admit(&route, &webhook_id, &parts, &body)?;
+        // Before admitting, so that a refusal is logged and counted under its provider.
         log.case = "B";
-        log.source = admitted.provider;
+        log.source = route.provider.map_or("none", crate::config::webhooks::Provider::as_str);
+        // Set before admitting, so a refused delivery is still counted under its provider.
+        log.source = route.provider.map_or("webhook", |p| p.as_str());
+        let admitted = webhooks.admit(&route, &webhook_id, &parts, &body)?;
         log.set_principal(Some(&admitted.principal));
         let key = namespace(&route, Some(&admitted.principal), &admitted.raw_key)?;
         log.key_digest = key_digest(&key);
