@@ -78,11 +78,9 @@ fn unknown_keys_are_named_with_their_line() {
 
 #[test]
 fn unlanded_features_are_refused_not_ignored() {
+    // Webhooks landed (issue 5): a registry that cannot be read is named with its line.
     let e = err(&format!("{MINIMAL}webhooks:\n  registry: ./webhooks.yaml\n"));
-    assert!(
-        e.contains("not supported yet") && e.contains("webhooks") && e.contains("line 37"),
-        "{e}"
-    );
+    assert!(e.contains("webhooks.registry") && e.contains("line 37"), "{e}");
     let e = err(&MINIMAL.replace(
         "policy: accepted",
         "policy: accepted\n    status: {resource_id: /id, probe: http://x}",

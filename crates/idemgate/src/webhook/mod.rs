@@ -16,7 +16,6 @@ pub mod providers;
 pub mod registry;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idemgate_core::namespace::Principal;
@@ -63,9 +62,6 @@ pub struct Webhooks {
     public_base_url: Option<String>,
     /// What an unknown id is checked against (random, so it verifies nothing).
     dummy: Vec<Secret>,
-    /// `translation-failed` refusals per provider, in [`Provider::ALL`] order, until the metrics
-    /// issue exports `transport_translation_failed_total{provider}` from them.
-    translation_failed: [AtomicU64; Provider::ALL.len()],
 }
 
 impl Webhooks {
@@ -105,7 +101,6 @@ impl Webhooks {
             tolerance,
             public_base_url: public_base_url.map(|u| u.trim_end_matches('/').to_owned()),
             dummy: vec![Secret::new(dummy.repeat(2))],
-            translation_failed: Default::default(),
         })
     }
 
@@ -113,12 +108,6 @@ impl Webhooks {
     #[must_use]
     pub fn registry(&self) -> &Registry {
         &self.registry
-    }
-
-    /// `translation-failed` refusals so far for `provider` (a hook for the metrics endpoint).
-    #[must_use]
-    pub fn translation_failures(&self, provider: Provider) -> u64 {
-        self.translation_failed[provider.index()].load(Ordering::Relaxed)
     }
 
     /// Admits one delivery to `route` for `webhook_id` (the path's `{webhook_id}`).
@@ -191,7 +180,8 @@ impl Webhooks {
         let identifier = match providers::identifier(provider, route.generic.as_ref(), &delivery) {
             Ok(id) => id,
             Err(reason) => {
-                self.translation_failed[provider.index()].fetch_add(1, Ordering::Relaxed);
+                // Counted by the metrics module as `transport_translation_failed_total{provider}`
+                // from the access log (the proxy sets the provider as the log's source).
                 tracing::warn!(provider = provider.as_str(), tenant = %entry.tenant, endpoint = %route.id, reason, "webhook translation failed");
                 return (
                     Err(Problem::new(
