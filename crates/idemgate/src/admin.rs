@@ -9,6 +9,9 @@
 //! | `GET /admin/routes` | the route table |
 //! | `GET /admin/records/{key}` | a record by namespaced key (percent-encoded), without its body unless `?body=true` |
 //! | `DELETE /admin/records/{key}` | purge a record: the escape hatch for `outcome-unknown` or a cached terminal error |
+//! | `GET /admin/api-keys` | the provisioned API keys (digests and principals) |
+//! | `POST /admin/api-keys` | add or replace `{key_sha256, tenant, project, subject}` |
+//! | `DELETE /admin/api-keys/{key_sha256}` | remove a key |
 //! | `GET /admin/openapi.json` | an OpenAPI 3.1 description of this listener |
 //!
 //! `/admin/*` needs `Authorization: Bearer <token>`, the token read from the environment
@@ -89,7 +92,14 @@ async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
                     .insert("www-authenticate", HeaderValue::from_static("Bearer"));
                 return resp;
             }
-            admin(gw, &method, p, &query)
+            let body = match crate::body::read_limited(req.into_body(), 64 * 1024).await {
+                Ok(crate::body::Read::Complete(b)) => b,
+                _ => {
+                    return Problem::new(Kind::PayloadTooLarge, "admin bodies are at most 64 KiB")
+                        .into_response();
+                }
+            };
+            admin(gw, &method, &path, &query, &body)
                 .await
                 .unwrap_or_else(Problem::into_response)
         }
@@ -112,11 +122,20 @@ fn authorized(gw: &Gateway, req: &Request<Incoming>) -> bool {
     bool::from(Sha256::digest(presented.as_bytes()).ct_eq(&Sha256::digest(token.as_bytes())))
 }
 
-async fn admin(gw: &Gateway, method: &Method, path: &str, query: &str) -> Result<Response<Body>, Problem> {
+async fn admin(
+    gw: &Gateway,
+    method: &Method,
+    path: &str,
+    query: &str,
+    body: &[u8],
+) -> Result<Response<Body>, Problem> {
     match (method, path) {
         (&Method::GET, "/admin/stats") => Ok(json_response(&gw.metrics().stats())),
         (&Method::GET, "/admin/routes") => Ok(json_response(&routes(gw))),
         (&Method::GET, "/admin/openapi.json") => Ok(json_response(&openapi())),
+        (_, p) if p == "/admin/api-keys" || p.starts_with("/admin/api-keys/") => {
+            api_keys(gw, method, p, body)
+        }
         (_, p) if p.starts_with("/admin/records/") => {
             let raw = &p["/admin/records/".len()..];
             let key = percent_encoding::percent_decode_str(raw)
@@ -140,6 +159,37 @@ async fn admin(gw: &Gateway, method: &Method, path: &str, query: &str) -> Result
             }
         }
         _ => Err(Problem::new(Kind::NotFound, "no such admin endpoint")),
+    }
+}
+
+/// `/admin/api-keys`: list, add (or replace) and remove API keys; written through to the key
+/// file, so provisioning survives a restart. Keys travel and are stored only as SHA-256.
+fn api_keys(gw: &Gateway, method: &Method, path: &str, body: &[u8]) -> Result<Response<Body>, Problem> {
+    let keys = gw
+        .config()
+        .identity
+        .as_ref()
+        .and_then(|i| i.api_keys())
+        .ok_or_else(|| Problem::new(Kind::NotFound, "the api_keys identity method is not configured"))?;
+    let bad = |why: String| Problem::new(Kind::BadRequest, why);
+    match (method, path.strip_prefix("/admin/api-keys/")) {
+        (&Method::GET, None) => Ok(json_response(
+            &serde_json::to_value(keys.list()).unwrap_or_default(),
+        )),
+        (&Method::POST, None) => {
+            let v: crate::identity::ApiKeyView = serde_json::from_slice(body)
+                .map_err(|e| bad(format!("expected {{key_sha256, tenant, project, subject}}: {e}")))?;
+            keys.upsert(&v).map_err(|r| bad(r.0))?;
+            Ok(json_response(&json!({ "key_sha256": v.key_sha256 })))
+        }
+        (&Method::DELETE, Some(digest)) => {
+            let removed = keys.remove(digest).map_err(|r| bad(r.0))?;
+            Ok(json_response(&json!({ "removed": removed })))
+        }
+        _ => Err(Problem::new(
+            Kind::NotFound,
+            "api-keys take GET, POST, or DELETE /admin/api-keys/{key_sha256}",
+        )),
     }
 }
 
@@ -228,6 +278,13 @@ pub fn openapi() -> Value {
             "/admin/stats": {"get": {"operationId": "stats", "security": secured, "responses": {"200": ok_json("per-route counters"), "401": problem}}},
             "/admin/routes": {"get": {"operationId": "routes", "security": secured, "responses": {"200": {"description": "the route table", "content": {"application/json": {"schema": {"type": "array", "items": {"type": "object"}}}}}, "401": problem}}},
             "/admin/openapi.json": {"get": {"operationId": "openapi", "security": secured, "responses": {"200": ok_json("this document"), "401": problem}}},
+            "/admin/api-keys": {
+                "get": {"operationId": "listApiKeys", "security": secured, "responses": {"200": {"description": "keys", "content": {"application/json": {"schema": {"type": "array", "items": {"type": "object"}}}}}, "401": problem, "404": problem}},
+                "post": {"operationId": "putApiKey", "security": secured, "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["key_sha256", "tenant", "subject"], "properties": {"key_sha256": {"type": "string"}, "tenant": {"type": "string"}, "project": {"type": "string"}, "subject": {"type": "string"}}}}}}, "responses": {"200": ok_json("added"), "400": problem, "401": problem}}
+            },
+            "/admin/api-keys/{key_sha256}": {
+                "delete": {"operationId": "deleteApiKey", "security": secured, "parameters": [{"name": "key_sha256", "in": "path", "required": true, "schema": {"type": "string"}}], "responses": {"200": ok_json("{\"removed\": bool}"), "401": problem}}
+            },
             "/admin/records/{key}": {
                 "get": {"operationId": "getRecord", "security": secured, "parameters": key.as_array().unwrap().iter().cloned().chain([json!({"name": "body", "in": "query", "required": false, "schema": {"type": "boolean"}})]).collect::<Vec<_>>(), "responses": {"200": ok_json("the record"), "401": problem, "404": problem}},
                 "delete": {"operationId": "purgeRecord", "security": secured, "parameters": key, "responses": {"200": ok_json("{\"purged\": bool}"), "401": problem}}

@@ -162,7 +162,10 @@ impl Metrics {
             "Upstream call latency, by endpoint",
             upstream_seconds.clone(),
         );
-        names.extend(["idempotency_store_duration_seconds", "idempotency_upstream_duration_seconds"]);
+        names.extend([
+            "idempotency_store_duration_seconds",
+            "idempotency_upstream_duration_seconds",
+        ]);
         Self {
             registry,
             tenant_labels,
@@ -287,6 +290,12 @@ impl Metrics {
         out
     }
 
+    /// The registered metric family names.
+    #[must_use]
+    pub fn family_names(&self) -> &[&'static str] {
+        &self.names
+    }
+
     /// Per-route counters, for `/admin/stats`.
     #[must_use]
     pub fn stats(&self) -> serde_json::Value {
@@ -304,7 +313,8 @@ mod tests {
     /// Every metric the shipped dashboard and alert rules query is one the gateway exports.
     #[test]
     fn dashboard_and_alerts_use_only_exported_metrics() {
-        let exported = Metrics::new(["r"], true).names;
+        let metrics = Metrics::new(["r"], true);
+        let exported = metrics.family_names();
         let docs = [
             include_str!("../../../docs/grafana/idemgate-dashboard.json"),
             include_str!("../../../docs/grafana/alerts.yaml"),

@@ -301,3 +301,65 @@ async fn status_probe_answers_processing_first_then_asks() {
     );
     assert!(gw.log().contains("status probe failed"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_keys_are_provisioned_through_the_admin_api() {
+    let up = Upstream::start().await;
+    let (gw, admin) = start(&up, true, "1MiB").await;
+    let url = gw.url("/api/v1/orders");
+    let as_bob = || post(&url, Some("bob-1"), "{}").header("x-api-key", "k-bob-new");
+    assert_eq!(
+        as_bob().send().await.unwrap().status(),
+        401,
+        "not provisioned yet"
+    );
+    let digest = hex::encode(Sha256::digest(b"k-bob-new"));
+    let add =
+        serde_json::json!({"key_sha256": digest, "tenant": "acme", "project": "p1", "subject": "user:bob"});
+    let r = common::client()
+        .post(format!("{admin}/admin/api-keys"))
+        .bearer_auth(TOKEN)
+        .body(add.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(as_bob().send().await.unwrap().status(), 201);
+    let list = admin_get(&admin, "/admin/api-keys", Some(TOKEN))
+        .await
+        .json_value()
+        .await;
+    assert!(
+        list.as_array()
+            .unwrap()
+            .iter()
+            .any(|k| k["key_sha256"] == digest.as_str())
+    );
+    assert!(
+        !list.to_string().contains("k-bob-new"),
+        "only digests are ever shown"
+    );
+    // Written through to the key file, so it survives a restart.
+    let file = std::fs::read_to_string(gw.file("keys.yaml")).unwrap();
+    assert!(file.contains(&digest) && file.contains("user:bob"), "{file}");
+    let r = common::client()
+        .delete(format!("{admin}/admin/api-keys/{digest}"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.json_value().await["removed"], true);
+    assert_eq!(
+        as_bob().send().await.unwrap().status(),
+        401,
+        "removed keys stop working at once"
+    );
+    let bad = common::client()
+        .post(format!("{admin}/admin/api-keys"))
+        .bearer_auth(TOKEN)
+        .body("{\"key_sha256\": \"nothex\", \"tenant\": \"a\", \"subject\": \"user:x\"}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+}

@@ -16,7 +16,7 @@ use http::HeaderMap;
 use http::header::HeaderName;
 use idemgate_core::namespace::Principal;
 
-pub use api_keys::ApiKeys;
+pub use api_keys::{ApiKeyView, ApiKeys};
 pub use jwt::Jwt;
 pub use trusted::TrustedHeaders;
 
@@ -99,6 +99,15 @@ impl Identity {
             }
         }
         Ok(None)
+    }
+
+    /// The API key method, for provisioning through the admin API.
+    #[must_use]
+    pub fn api_keys(&self) -> Option<&ApiKeys> {
+        self.methods.iter().find_map(|m| match m {
+            Method::ApiKeys(k) => Some(k),
+            _ => None,
+        })
     }
 
     /// Header names that carry identity in from a trusted proxy; removed from every request.
