@@ -149,3 +149,46 @@ fn identity_methods_keep_their_order_and_default_scope_becomes_subject() {
     let e = err(&yaml.replace("10.0.0.0/8", "not-a-net"));
     assert!(e.contains("not-a-net"), "{e}");
 }
+
+#[test]
+fn shared_stores_need_a_url_and_take_only_their_keys() {
+    let store = |block: &str| MINIMAL.replace("store:\n  kind: memory\n  max_bytes: 1MiB\n", block);
+    let c = Config::from_yaml(&store(
+        "store:\n  kind: redis\n  url: redis://127.0.0.1:6379/2\n  timeout: 250ms\n  prefix: gw-eu\n",
+    ))
+    .unwrap();
+    assert_eq!(c.store.kind, StoreKind::Redis);
+    assert_eq!(c.store.url.as_deref(), Some("redis://127.0.0.1:6379/2"));
+    assert_eq!(c.store.timeout, Duration::from_millis(250));
+    assert_eq!(c.store.prefix, "gw-eu");
+    let c = Config::from_yaml(&store(
+        "store:\n  kind: postgres\n  url: postgres://u@db/idemgate\n  pool_size: 4\n",
+    ))
+    .unwrap();
+    assert_eq!((c.store.pool_size, c.store.timeout), (4, Duration::from_secs(2)));
+    for (block, want) in [
+        ("store:\n  kind: redis\n", "store.url"),
+        ("store:\n  kind: postgres\n", "store.url"),
+        ("store:\n  kind: memory\n  url: redis://x\n", "store.url"),
+        ("store:\n  kind: redis\n  url: http://x\n", "store.url"),
+        (
+            "store:\n  kind: postgres\n  url: \"postgres://db:notaport/x\"\n",
+            "store.url",
+        ),
+        (
+            "store:\n  kind: postgres\n  url: postgres://db/x\n  prefix: p\n",
+            "store.prefix",
+        ),
+        (
+            "store:\n  kind: redis\n  url: redis://x\n  pool_size: 2\n",
+            "store.pool_size",
+        ),
+        (
+            "store:\n  kind: redis\n  url: redis://x\n  timeout: 1ms\n",
+            "store.timeout",
+        ),
+    ] {
+        let e = err(&store(block));
+        assert!(e.contains(want), "{block}: {e}");
+    }
+}
