@@ -103,7 +103,9 @@ pub enum ClientError {
     /// Every attempt failed in transport; the last error.
     #[error("no response after {attempts} attempts")]
     Transport {
+        /// Attempts made.
         attempts: u32,
+        /// The last transport error.
         #[source]
         source: reqwest::Error,
     },

@@ -18,6 +18,8 @@
 //!
 //! `docs/library.md` in the repository records the decisions behind this crate.
 
+#![warn(missing_docs)]
+
 pub mod idempotency;
 pub mod once;
 pub mod principal;

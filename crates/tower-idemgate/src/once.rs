@@ -140,20 +140,31 @@ pub enum OnceError<E> {
     Failed(E),
     /// The token is in use for a different fingerprint or operation.
     #[error("the dedup token was used for a different operation or input")]
-    Mismatch { operation_id: String },
+    Mismatch {
+        /// The record's operation id.
+        operation_id: String,
+    },
     /// Another call holds the token and did not finish within `wait_timeout`.
     #[error("another call with this token is still running")]
     InFlight {
+        /// The running call's operation id.
         operation_id: String,
+        /// When its lease ends: the earliest moment another answer is possible.
         retry_after: Duration,
     },
     /// The owner died and the rule is [`LeaseExpiry::Fail`].
     #[error("the outcome of an earlier call with this token is unknown")]
-    OutcomeUnknown { operation_id: String },
+    OutcomeUnknown {
+        /// The dead owner's operation id.
+        operation_id: String,
+    },
     /// The value was stored without its body (over `max_value_bytes`): it ran, but cannot be
     /// returned again.
     #[error("the stored value was too large to keep")]
-    NotRetained { operation_id: String },
+    NotRetained {
+        /// The record's operation id.
+        operation_id: String,
+    },
     /// The store failed; nothing ran.
     #[error("the idempotency store failed")]
     Store(#[source] StoreError),
