@@ -31,8 +31,8 @@ pub mod client;
 
 pub use idemgate_core::namespace::{Principal, Scope};
 pub use idempotency::{
-    Idempotency, IdempotencyInfo, IdempotencyLayer, KeyPolicy, OnStoreError, RequestBody, ResponseBody,
-    ResponseFuture,
+    Idempotency, IdempotencyInfo, IdempotencyLayer, KeyPolicy, OnStoreError, Recovery, RequestBody,
+    ResponseBody, ResponseFuture,
 };
 
 pub use once::{Namespace, Once, OnceError, once};

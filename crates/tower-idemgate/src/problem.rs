@@ -39,6 +39,8 @@ pub enum ProblemKind {
     StoreUnavailable,
     /// `bad-request`, 400: the request body could not be read (as the gateway names it).
     BadRequest,
+    /// `not-found`, 404: a recovery request for a key with no outcome on this route.
+    NotFound,
     /// `upstream-unavailable`, 502: the execution task ended without an answer (runtime
     /// shutdown).
     UpstreamUnavailable,
@@ -61,6 +63,7 @@ impl ProblemKind {
             Self::StoreUnavailable => "store-unavailable",
             Self::BadRequest => "bad-request",
             Self::UpstreamUnavailable => "upstream-unavailable",
+            Self::NotFound => "not-found",
         }
     }
 
@@ -77,6 +80,7 @@ impl ProblemKind {
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamUnavailable => StatusCode::BAD_GATEWAY,
+            Self::NotFound => StatusCode::NOT_FOUND,
         }
     }
 
@@ -96,6 +100,7 @@ impl ProblemKind {
             Self::StoreUnavailable => "Idempotency store is unavailable",
             Self::BadRequest => "Malformed request",
             Self::UpstreamUnavailable => "Upstream is unavailable",
+            Self::NotFound => "No such endpoint",
         }
     }
 }

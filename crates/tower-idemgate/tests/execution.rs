@@ -498,3 +498,95 @@ async fn oversized_request_bodies_are_413() {
     assert_eq!(app.executions.get(), 0);
     assert!(store.is_empty());
 }
+
+/// Recovery routes (SPEC 5): the outcome by key from the caller's own namespace; in flight is
+/// 202 processing (the `output` form never waits); unknown or someone else's is 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_routes_answer_from_the_callers_namespace() {
+    let store = Arc::new(MemoryStore::new(1 << 20));
+    let from_header = |parts: &http::request::Parts| {
+        let user = parts.headers.get("x-user")?.to_str().ok()?;
+        Some(Principal::new("acme", "shop", format!("user:{user}")))
+    };
+    let layer = IdempotencyLayer::new(store).principal(from_header);
+    let gate = Gate::closed();
+    let app = App {
+        executions: Arc::default(),
+        finished: Arc::default(),
+        dropped: Arc::default(),
+        gate: gate.clone(),
+    };
+    let router = Router::new()
+        .route("/orders", post(handler).route_layer(layer.clone()))
+        .route(
+            "/orders/by-idempotency-key/{key}",
+            axum::routing::get_service(layer.recovery()),
+        )
+        .route(
+            "/orders/by-idempotency-key/{key}/output",
+            axum::routing::get_service(layer.recovery()),
+        )
+        .with_state(app.clone());
+    let base = format!("http://{}", serve(router).await);
+    let key = common::key("recover");
+    let get =
+        |path: String, user: &'static str| http().get(format!("{base}{path}")).header("x-user", user).send();
+
+    assert_eq!(
+        get(format!("/orders/by-idempotency-key/{key}"), "alice")
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    let owner = {
+        let (base, key) = (base.clone(), key.clone());
+        tokio::spawn(async move {
+            http()
+                .post(format!("{base}/orders"))
+                .header("x-user", "alice")
+                .header("idempotency-key", key)
+                .body("{}")
+                .send()
+                .await
+        })
+    };
+    app.executions.reaches(1).await;
+    let processing = get(format!("/orders/by-idempotency-key/{key}/output"), "alice")
+        .await
+        .unwrap();
+    assert_eq!(processing.status(), 202);
+    assert_eq!(processing.headers()["idempotency-status"], "processing");
+    assert_eq!(processing.headers()["retry-after"], "1");
+    gate.open();
+    let original = within("the owner", owner)
+        .await
+        .unwrap()
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let recovered = get(format!("/orders/by-idempotency-key/{key}"), "alice")
+        .await
+        .unwrap();
+    assert_eq!(recovered.status(), 201);
+    assert_eq!(recovered.headers()["idempotent-replayed"], "true");
+    assert_eq!(recovered.text().await.unwrap(), original);
+    assert_eq!(
+        get(format!("/orders/by-idempotency-key/{key}"), "bob")
+            .await
+            .unwrap()
+            .status(),
+        404,
+        "Bob never reads Alice's outcome"
+    );
+    let with_header = http()
+        .get(format!("{base}/orders/by-idempotency-key/{key}"))
+        .header("x-user", "alice")
+        .header("idempotency-key", &key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(with_header.status(), 400);
+    assert_eq!(app.executions.get(), 1);
+}

@@ -136,7 +136,7 @@ pub(crate) fn not_retained(status: u16, operation_id: String) -> Problem {
 }
 
 /// The stored response, marked as a replay.
-async fn replay<P, B>(
+pub(crate) async fn replay<P, B>(
     config: &Config<P>,
     stored: StoredResponse,
     operation_id: &str,

@@ -274,6 +274,28 @@ impl<St, P> IdempotencyLayer<St, P> {
     pub fn engine(&self) -> &Engine<St> {
         &self.engine
     }
+
+    /// The recovery service of this route (`recovery: true` in the gateway, SPEC section 5):
+    /// mount it at `{path}/by-idempotency-key/{key}` and `.../{key}/output`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use axum::routing::{get_service, post};
+    /// use idemgate_core::MemoryStore;
+    /// use tower_idemgate::{IdempotencyLayer, Scope};
+    ///
+    /// let layer = IdempotencyLayer::new(Arc::new(MemoryStore::new(1 << 20))).scope(Scope::Global);
+    /// let app: axum::Router = axum::Router::new()
+    ///     .route("/orders", post(|| async { "created" }).route_layer(layer.clone()))
+    ///     .route("/orders/by-idempotency-key/{key}", get_service(layer.recovery()))
+    ///     .route("/orders/by-idempotency-key/{key}/output", get_service(layer.recovery()));
+    /// ```
+    pub fn recovery(&self) -> super::Recovery<St, P> {
+        super::Recovery {
+            engine: self.engine.clone(),
+            config: self.config.clone(),
+        }
+    }
 }
 
 impl<S, St, P> Layer<S> for IdempotencyLayer<St, P> {

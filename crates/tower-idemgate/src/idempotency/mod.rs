@@ -26,6 +26,9 @@
 //!      `409 outcome-unknown`; a store error is `503 store-unavailable` or, failing open, a
 //!      plain call of the inner service.
 //!
+//! [`IdempotencyLayer::recovery`] gives the route's recovery service (SPEC section 5), see
+//! [`Recovery`].
+//!
 //! Works with `axum::Router::layer` and `route_layer` (axum's `Body` is `From<Bytes>`), with
 //! `tower::ServiceBuilder`, and with plain hyper services through [`RequestBody`].
 
@@ -36,6 +39,7 @@ mod execute;
 mod future;
 mod info;
 mod layer;
+mod recovery;
 mod service;
 
 pub use body::{BoxError, RequestBody, ResponseBody};
@@ -43,6 +47,7 @@ pub use config::{DEFAULT_MAX_REQUEST_BYTES, DEFAULT_ROUTE_ID, KeyPolicy, OnStore
 pub use future::{InnerFuture, ResponseFuture};
 pub use info::IdempotencyInfo;
 pub use layer::IdempotencyLayer;
+pub use recovery::{Recovery, RecoveryResponse};
 pub use service::Idempotency;
 
 use http::HeaderName;
