@@ -344,6 +344,11 @@ mod postgres {
         let took = started.elapsed();
         txn.rollback().await.unwrap();
         assert!(matches!(r, Err(StoreError::Timeout)), "{r:?}");
+        // The connection cut off by the timeout was closed, not pooled: the next call is fine.
+        let next = store
+            .begin(&key("after-stall"), &req(LeaseToken::random(), now_millis()))
+            .await;
+        assert!(matches!(next, Ok(Begin::Acquired { .. })), "{next:?}");
         assert!(
             took >= Duration::from_millis(250) && took < Duration::from_millis(1500),
             "{took:?}"

@@ -49,6 +49,47 @@ pub const CHANNEL: &str = "idemgate_records";
 /// The most expired rows one sweep statement deletes.
 pub const SWEEP_BATCH: i64 = 1000;
 
+/// Runs `$body` with `$c: &mut Client`, a pooled connection, within the store's timeout,
+/// retrying connection failures on a fresh connection until the deadline. A connection whose
+/// call is cut off by the timeout is closed rather than returned to the pool: its statement may
+/// still be running, and the next request must not queue behind it. (A macro rather than a
+/// function taking a closure: the body borrows the connection, which closures returning
+/// `Send` futures cannot express on stable Rust.)
+macro_rules! with_conn {
+    ($store:expr, |$c:ident| $body:block) => {{
+        let store = $store;
+        let deadline = Instant::now() + store.timeout;
+        let attempt = async {
+            store.migrated.get_or_try_init(|| store.migrate()).await?;
+            let mut backoff = Duration::from_millis(10);
+            loop {
+                let result = match store.pool.get().await {
+                    Ok(c) => {
+                        let mut conn = Checkout(Some(c));
+                        let $c: &mut Client = conn.client();
+                        let result: Result<_, StoreError> = async { $body }.await;
+                        conn.give_back();
+                        result
+                    }
+                    Err(e) => Err(StoreError::backend(e)),
+                };
+                match result {
+                    Err(StoreError::Backend(e)) if retryable(&*e) && Instant::now() + backoff < deadline => {
+                        tracing::debug!(error = %e, "postgres call failed; retrying");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_millis(200));
+                    }
+                    other => break other,
+                }
+            }
+        };
+        tokio::time::timeout_at(deadline, attempt)
+            .await
+            .map_err(|_| StoreError::Timeout)
+            .and_then(|r| r)
+    }};
+}
+
 /// How to reach PostgreSQL.
 #[derive(Clone, Debug)]
 pub struct PostgresConfig {
@@ -118,6 +159,28 @@ impl Drop for PostgresStore {
 
 type Client = deadpool_postgres::Object;
 
+/// A pooled connection that goes back to the pool only when handed back; dropped mid-call (the
+/// call timed out), it is detached from the pool and closed.
+struct Checkout(Option<Client>);
+
+impl Checkout {
+    fn client(&mut self) -> &mut Client {
+        self.0.as_mut().expect("a checked-out connection")
+    }
+
+    fn give_back(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl Drop for Checkout {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            drop(deadpool_postgres::Object::take(c));
+        }
+    }
+}
+
 impl PostgresStore {
     /// Builds the pool and starts the `LISTEN` connection. Connects lazily: PostgreSQL may be
     /// down now. Must run inside a Tokio runtime.
@@ -173,12 +236,11 @@ impl PostgresStore {
     /// # Errors
     /// PostgreSQL failed or did not answer in time.
     pub async fn sweep(&self, now: Millis) -> Result<usize, StoreError> {
-        self.bounded(|c| async move {
-            let st = self.prepare(&c, sql::SWEEP).await?;
+        with_conn!(self, |c| {
+            let st = self.prepare(c, sql::SWEEP).await?;
             let n = c.execute(&st, &[&db_ms(now), &SWEEP_BATCH]).await.map_err(pg)?;
             Ok(usize::try_from(n).unwrap_or(usize::MAX))
         })
-        .await
     }
 
     /// Sweeps in the background every `every` (and straight again while batches come back
@@ -249,37 +311,6 @@ impl PostgresStore {
         c.prepare_cached(query).await.map_err(pg)
     }
 
-    /// Runs `op` on a pooled connection within the timeout, retrying connection failures on a
-    /// fresh connection until the deadline.
-    async fn bounded<'a, T, F, Fut>(&'a self, op: F) -> Result<T, StoreError>
-    where
-        F: Fn(Client) -> Fut,
-        Fut: std::future::Future<Output = Result<T, StoreError>> + 'a,
-    {
-        let deadline = Instant::now() + self.timeout;
-        let attempt = async {
-            self.migrated.get_or_try_init(|| self.migrate()).await?;
-            let mut backoff = Duration::from_millis(10);
-            loop {
-                let result = match self.pool.get().await {
-                    Ok(c) => op(c).await,
-                    Err(e) => Err(StoreError::backend(e)),
-                };
-                match result {
-                    Err(StoreError::Backend(e)) if retryable(&*e) && Instant::now() + backoff < deadline => {
-                        tracing::debug!(error = %e, "postgres call failed; retrying");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_millis(200));
-                    }
-                    other => return other,
-                }
-            }
-        };
-        tokio::time::timeout_at(deadline, attempt)
-            .await
-            .map_err(|_| StoreError::Timeout)?
-    }
-
     /// The locked path: reads the row `FOR UPDATE`, asks `rule`, writes its answer, commits.
     /// `notify` sends a notification with the write when the row was waited on.
     async fn locked<T>(
@@ -289,7 +320,7 @@ impl PostgresStore {
         rule: impl Fn(Option<&Row>) -> Result<(T, Write, bool), StoreError>,
     ) -> Result<T, StoreError> {
         let rule = &rule;
-        self.bounded(|mut c| async move {
+        with_conn!(self, |c| {
             loop {
                 let txn = c.transaction().await.map_err(pg)?;
                 self.round_trips.fetch_add(1, Ordering::Relaxed);
@@ -345,7 +376,6 @@ impl PostgresStore {
                 return Ok(answer);
             }
         })
-        .await
     }
 
     /// `begin` through the locked path.
@@ -385,35 +415,30 @@ impl Store for PostgresStore {
             unreachable!("a begin on an absent key always writes a record")
         };
         let token = token_bytes(req.token);
-        let fast = self
-            .bounded(|c| {
-                let (fresh, token) = (&fresh, &token);
-                async move {
-                    let st = self.prepare(&c, sql::BEGIN).await?;
-                    let row = c
-                        .query_one(
-                            &st,
-                            &[
-                                &key,
-                                &token.as_slice(),
-                                &row::lease_of(fresh),
-                                &fresh.fingerprint.0.as_slice(),
-                                &fresh.route,
-                                &fresh.operation_id,
-                                &db_ms(fresh.created_at),
-                                &db_ms(fresh.expires_at),
-                            ],
-                        )
-                        .await
-                        .map_err(pg)?;
-                    let inserted: i64 = row.get(0);
-                    if inserted == 1 {
-                        return Ok(Some((rules::begin(None, req).0, None)));
-                    }
-                    Ok(Row::read_at(&row, 1)?.map(|r| (rules::begin(Some(&r.record), req).0, Some(r))))
-                }
-            })
-            .await?;
+        let fast = with_conn!(self, |c| {
+            let st = self.prepare(c, sql::BEGIN).await?;
+            let row = c
+                .query_one(
+                    &st,
+                    &[
+                        &key,
+                        &token.as_slice(),
+                        &row::lease_of(&fresh),
+                        &fresh.fingerprint.0.as_slice(),
+                        &fresh.route,
+                        &fresh.operation_id,
+                        &db_ms(fresh.created_at),
+                        &db_ms(fresh.expires_at),
+                    ],
+                )
+                .await
+                .map_err(pg)?;
+            let inserted: i64 = row.get(0);
+            if inserted == 1 {
+                return Ok(Some((rules::begin(None, req).0, None)));
+            }
+            Ok(Row::read_at(&row, 1)?.map(|r| (rules::begin(Some(&r.record), req).0, Some(r))))
+        })?;
         match fast {
             // Acquired by the insert.
             Some((answer, None)) => Ok(answer),
@@ -427,15 +452,10 @@ impl Store for PostgresStore {
                     && !current.waiters
                 {
                     let owner = token_bytes(current.record.token());
-                    let flagged = self
-                        .bounded(|c| {
-                            let owner = &owner;
-                            async move {
-                                let st = self.prepare(&c, sql::FLAG_WAITERS).await?;
-                                c.execute(&st, &[&key, &owner.as_slice()]).await.map_err(pg)
-                            }
-                        })
-                        .await?;
+                    let flagged = with_conn!(self, |c| {
+                        let st = self.prepare(c, sql::FLAG_WAITERS).await?;
+                        c.execute(&st, &[&key, &owner.as_slice()]).await.map_err(pg)
+                    })?;
                     if flagged == 0 {
                         // The owner finished meanwhile: decide again under the lock.
                         return self.begin_locked(key, req).await;
@@ -459,29 +479,24 @@ impl Store for PostgresStore {
         let tok = token_bytes(token);
         let body = encode_response(&response);
         let expires_at = db_ms(now + retention_ms);
-        let updated = self
-            .bounded(|c| {
-                let (tok, body) = (&tok, &body);
-                async move {
-                    let st = self.prepare(&c, sql::COMPLETE).await?;
-                    let row = c
-                        .query_one(
-                            &st,
-                            &[
-                                &key,
-                                &tok.as_slice(),
-                                &body.as_slice(),
-                                &expires_at,
-                                &db_ms(now),
-                                &CHANNEL,
-                            ],
-                        )
-                        .await
-                        .map_err(pg)?;
-                    Ok(row.get::<_, i64>(0))
-                }
-            })
-            .await?;
+        let updated = with_conn!(self, |c| {
+            let st = self.prepare(c, sql::COMPLETE).await?;
+            let row = c
+                .query_one(
+                    &st,
+                    &[
+                        &key,
+                        &tok.as_slice(),
+                        &body.as_slice(),
+                        &expires_at,
+                        &db_ms(now),
+                        &CHANNEL,
+                    ],
+                )
+                .await
+                .map_err(pg)?;
+            Ok(row.get::<_, i64>(0))
+        })?;
         if updated == 1 {
             return Ok(());
         }
@@ -494,19 +509,14 @@ impl Store for PostgresStore {
 
     async fn release(&self, key: &str, token: LeaseToken) -> Result<(), StoreError> {
         let tok = token_bytes(token);
-        let deleted = self
-            .bounded(|c| {
-                let tok = &tok;
-                async move {
-                    let st = self.prepare(&c, sql::RELEASE).await?;
-                    let row = c
-                        .query_one(&st, &[&key, &tok.as_slice(), &CHANNEL])
-                        .await
-                        .map_err(pg)?;
-                    Ok(row.get::<_, i64>(0))
-                }
-            })
-            .await?;
+        let deleted = with_conn!(self, |c| {
+            let st = self.prepare(c, sql::RELEASE).await?;
+            let row = c
+                .query_one(&st, &[&key, &tok.as_slice(), &CHANNEL])
+                .await
+                .map_err(pg)?;
+            Ok(row.get::<_, i64>(0))
+        })?;
         if deleted == 1 {
             return Ok(());
         }
@@ -518,43 +528,36 @@ impl Store for PostgresStore {
 
     async fn renew(&self, key: &str, token: LeaseToken, lease_until: Millis) -> Result<(), StoreError> {
         let tok = token_bytes(token);
-        let n = self
-            .bounded(|c| {
-                let tok = &tok;
-                async move {
-                    let st = self.prepare(&c, sql::RENEW).await?;
-                    c.execute(&st, &[&key, &tok.as_slice(), &db_ms(lease_until)])
-                        .await
-                        .map_err(pg)
-                }
-            })
-            .await?;
+        let n = with_conn!(self, |c| {
+            let st = self.prepare(c, sql::RENEW).await?;
+            c.execute(&st, &[&key, &tok.as_slice(), &db_ms(lease_until)])
+                .await
+                .map_err(pg)
+        })?;
         if n == 1 { Ok(()) } else { Err(rules::Fenced.into()) }
     }
 
     async fn get(&self, key: &str, now: Millis) -> Result<Option<Record>, StoreError> {
-        let row = self
-            .bounded(|c| async move {
-                let st = self.prepare(&c, sql::GET).await?;
-                let row = c.query_opt(&st, &[&key]).await.map_err(pg)?;
-                row.as_ref().map(Row::read).transpose()
-            })
-            .await?;
+        let row = with_conn!(self, |c| {
+            let st = self.prepare(c, sql::GET).await?;
+            let row = c.query_opt(&st, &[&key]).await.map_err(pg)?;
+            row.as_ref().map(Row::read).transpose()
+        })?;
         Ok(row.map(|r| r.record).filter(|r| r.is_live(now)))
     }
 
     async fn purge(&self, key: &str) -> Result<bool, StoreError> {
-        self.bounded(|c| async move {
-            let st = self.prepare(&c, sql::PURGE).await?;
+        with_conn!(self, |c| {
+            let st = self.prepare(c, sql::PURGE).await?;
             let row = c.query_one(&st, &[&key, &CHANNEL]).await.map_err(pg)?;
             Ok(row.get::<_, i64>(0) > 0)
         })
-        .await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.bounded(|c| async move { c.simple_query("SELECT 1").await.map(drop).map_err(pg) })
-            .await
+        with_conn!(self, |c| {
+            c.simple_query("SELECT 1").await.map(drop).map_err(pg)
+        })
     }
 
     fn notifier(&self) -> &Arc<Notifier> {
