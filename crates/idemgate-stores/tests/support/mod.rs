@@ -158,7 +158,58 @@ pub async fn two_handles_race_and_wake<S: Store>(a: Arc<S>, b: Arc<S>) {
         }
     }
     assert_eq!(acquired, 1, "exactly one begin acquires across both handles");
-    waiter_woken_across(a, b, Duration::from_secs(5)).await;
+    waiter_woken_across(a.clone(), b.clone(), Duration::from_secs(5)).await;
+    release_wakes_across(a, b, Duration::from_secs(5)).await;
+}
+
+/// An owner on `a` releases (a transient outcome): the waiters on `b` are woken and exactly one
+/// of them executes, within `limit` (the owner's lease is 30 s).
+pub async fn release_wakes_across<S: Store>(a: Arc<S>, b: Arc<S>, limit: Duration) {
+    let policy = Policy {
+        lease: Duration::from_secs(30),
+        wait_timeout: Duration::from_secs(25),
+        ..Policy::default()
+    };
+    let (ea, eb) = (Engine::new(a), Engine::new(b));
+    let k = key("release-across");
+    let Started::Execute(owner) = ea.begin(&k, "r", fp(4), &policy).await.unwrap() else {
+        panic!("first begin executes")
+    };
+    let waiters: Vec<_> = (0..4)
+        .map(|_| {
+            let (eb, k, policy) = (eb.clone(), k.clone(), policy.clone());
+            tokio::spawn(async move {
+                match eb.begin(&k, "r", fp(4), &policy).await.unwrap() {
+                    Started::Execute(exec) => {
+                        exec.finish(Outcome::Response(response())).await.unwrap();
+                        true
+                    }
+                    Started::Replay { .. } => false,
+                    other => panic!("unexpected {other:?}"),
+                }
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while eb.store().notifier().watched_keys() == 0 {
+        assert!(Instant::now() < deadline, "the waiters never subscribed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    owner.finish(Outcome::NoResponse).await.unwrap();
+    let mut executed = 0;
+    for w in waiters {
+        if tokio::time::timeout(limit, w)
+            .await
+            .expect("waiter woken")
+            .unwrap()
+        {
+            executed += 1;
+        }
+    }
+    assert_eq!(executed, 1, "after a release exactly one waiter executes");
+    assert!(started.elapsed() < limit);
 }
 
 /// An owner on `a`, a waiter on `b`: `a`'s completion wakes `b`'s waiter within `limit`.
