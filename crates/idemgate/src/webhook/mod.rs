@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use idemgate_core::namespace::Principal;
 
 use crate::config::Route;
-use crate::config::webhooks::{Provider, WebhooksFile};
+use crate::config::webhooks::WebhooksFile;
 use crate::problem::{Kind, Problem};
 use crypto::{Keys, Secret};
 use providers::Delivery;

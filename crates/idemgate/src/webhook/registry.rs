@@ -417,7 +417,7 @@ mod tests {
     #[test]
     fn bad_entries_are_refused_without_naming_the_id_or_the_secret() {
         let cases = [
-            format!("- {{id: wh_x, tenant: a, provider: github, secrets_env: [S1]}}"),
+            "- {id: wh_x, tenant: a, provider: github, secrets_env: [S1]}".to_owned(),
             format!("- {{id: {ID}, tenant: a, provider: github, secrets_env: [NOPE]}}"),
             format!("- {{id: {ID}, tenant: a, provider: github, secrets_env: [EMPTY]}}"),
             format!("- {{id: {ID}, tenant: a, provider: github, secrets_env: []}}"),

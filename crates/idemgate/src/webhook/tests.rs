@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::registry::{Entry, new_id, secret_for};
 use super::*;
+use crate::config::webhooks::Provider;
 use crate::config::{Config, Route};
 
 const NOW: i64 = 1_700_000_000;

@@ -263,13 +263,25 @@ impl Gateway {
         env: &[(&str, &str)],
         files: &[(&str, &[u8])],
     ) -> Self {
+        Self::start_yaml_with_server(upstream, "", body, env, files).await
+    }
+
+    /// [`Gateway::start_yaml`] with `server` lines (indented two spaces, ending in a newline)
+    /// added under `server:`, e.g. `"  public_base_url: https://hooks.example.com\n"`.
+    pub async fn start_yaml_with_server(
+        upstream: &Upstream,
+        server: &str,
+        body: &str,
+        env: &[(&str, &str)],
+        files: &[(&str, &[u8])],
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         for (name, contents) in files {
             std::fs::write(dir.path().join(name), contents).unwrap();
         }
         let addr = free_addr();
         let yaml = format!(
-            "server:\n  listen: {addr}\nstore:\n  kind: memory\n{}",
+            "server:\n  listen: {addr}\n{server}store:\n  kind: memory\n{}",
             body.replace("{upstream}", &format!("http://{}", upstream.addr))
         );
         let config = dir.path().join("idemgate.yaml");

@@ -1,0 +1,623 @@
+//! Webhooks (case B) end to end: the real binary, a registry file, the counting upstream, and
+//! deliveries signed by the providers' own SDKs (PyPI `stripe`, `twilio`, `standardwebhooks`;
+//! npm `@octokit/webhooks-methods`) through the scripts in `tests/webhook_signers/`.
+//!
+//! The SDK tests need `IDEMGATE_TEST_WEBHOOK_SDKS`, the directory `.ci/run` installs them into
+//! (`venv/` and `node/`); without it they print that they were skipped and pass. The other
+//! tests sign with the gateway's own HMAC helper and always run.
+
+mod common;
+#[path = "webhook_signers/mod.rs"]
+mod signers;
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use common::{Gateway, Upstream, client, header, slug};
+use idemgate::config::webhooks::HmacAlgorithm;
+use idemgate::webhook::crypto::{BASE64, hmac};
+use idemgate_core::namespace::{Principal, Scope, namespaced_key};
+use serde_json::{Value, json};
+use signers::sdks;
+
+/// Registry ids: `wh_` + 32 lowercase hex digits.
+fn id(n: u8) -> String {
+    format!("wh_{:032x}", 0x5eed_0000_u128 + u128::from(n))
+}
+
+const STRIPE_OLD: &str = "whsec_old_7c1d2e3f4a5b6c7d8e9f";
+const STRIPE_NEW: &str = "whsec_new_0a9b8c7d6e5f4a3b2c1d";
+const GH_SECRET: &str = "gh-secret-It's a Secret to Everybody";
+const TWILIO_TOKEN: &str = "twilio-auth-token-3f9a81";
+const SW_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const SHOPIFY_SECRET: &str = "shpss_5e1f0c2b";
+const GITLAB_TOKEN: &str = "glpat-hook-token-77d1";
+const GENERIC_SECRET: &str = "generic-secret-a0b1";
+const BASE_URL: &str = "https://hooks.example.com";
+
+const ENV: &[(&str, &str)] = &[
+    ("WH_STRIPE_OLD", STRIPE_OLD),
+    ("WH_STRIPE_NEW", STRIPE_NEW),
+    ("WH_GITHUB", GH_SECRET),
+    ("WH_TWILIO", TWILIO_TOKEN),
+    ("WH_STANDARD", SW_SECRET),
+    ("WH_SHOPIFY", SHOPIFY_SECRET),
+    ("WH_GITLAB", GITLAB_TOKEN),
+    ("WH_GENERIC", GENERIC_SECRET),
+];
+
+fn entry(n: u8, provider: &str, secrets: &str) -> String {
+    format!(
+        "- {{id: {}, tenant: acme, project: shop, provider: {provider}, secrets_env: [{secrets}]}}\n",
+        id(n)
+    )
+}
+
+/// Every provider's entry; 2 and 3 are two GitHub hooks of one repository.
+fn registry() -> String {
+    [
+        entry(1, "stripe", "WH_STRIPE_OLD, WH_STRIPE_NEW"),
+        entry(2, "github", "WH_GITHUB"),
+        entry(3, "github", "WH_GITHUB"),
+        entry(4, "twilio", "WH_TWILIO"),
+        entry(5, "twilio_event_streams", "WH_TWILIO"),
+        entry(6, "standard_webhooks", "WH_STANDARD"),
+        entry(7, "shopify", "WH_SHOPIFY"),
+        entry(8, "gitlab", "WH_GITLAB"),
+        entry(9, "generic", "WH_GENERIC"),
+    ]
+    .concat()
+}
+
+fn route(provider: &str, extra: &str) -> String {
+    format!(
+        "  - id: {provider}\n    method: POST\n    path: /hooks/{provider}/{{webhook_id}}\n    upstream: app\n    policy: webhook\n    provider: {provider}\n{extra}"
+    )
+}
+
+fn config() -> String {
+    let mut yaml = String::from(
+        "upstreams:\n  app:\n    url: {upstream}\nwebhooks:\n  registry: webhooks.yaml\nroutes:\n",
+    );
+    for p in [
+        "stripe",
+        "github",
+        "twilio",
+        "twilio_event_streams",
+        "standard_webhooks",
+        "shopify",
+        "gitlab",
+    ] {
+        yaml.push_str(&route(p, ""));
+    }
+    yaml.push_str(&route(
+        "generic",
+        "    generic:\n      header: X-Signature\n      prefix: 'v1='\n      signed: '{header:X-Timestamp}.{body}'\n      identifier: {json_pointer: /event/id}\n",
+    ));
+    yaml
+}
+
+struct Setup {
+    up: Upstream,
+    gw: Gateway,
+}
+
+async fn start() -> Setup {
+    let up = Upstream::start().await;
+    let server = format!("  public_base_url: {BASE_URL}\n");
+    let reg = registry();
+    let gw =
+        Gateway::start_yaml_with_server(&up, &server, &config(), ENV, &[("webhooks.yaml", reg.as_bytes())])
+            .await;
+    Setup { up, gw }
+}
+
+impl Setup {
+    async fn deliver(&self, path: &str, headers: &[(&str, &str)], body: &str) -> reqwest::Response {
+        let mut req = client()
+            .post(self.gw.url(path))
+            .header("x-demo-echo-headers", "1")
+            .body(body.to_owned());
+        for (n, v) in headers {
+            req = req.header(*n, *v);
+        }
+        req.send().await.unwrap()
+    }
+
+    /// Executions of the upstream for a delivery to entry `n` (keys as the upstream receives
+    /// them).
+    fn runs(&self, n: u8, provider: &str, identifier: &str) -> u64 {
+        self.up.executions_ns(&ns_key(n, provider, identifier))
+    }
+
+    fn total(&self) -> u64 {
+        self.up.counts.total()
+    }
+
+    /// Nothing secret reached the gateway's log.
+    fn assert_log_clean(&self, also: &[&str]) {
+        let log = self.gw.log();
+        for (_, secret) in ENV {
+            assert!(!log.contains(secret), "a secret is in the log");
+        }
+        for s in also {
+            assert!(!log.contains(s), "`{s}` is in the log");
+        }
+    }
+}
+
+fn ns_key(n: u8, provider: &str, identifier: &str) -> String {
+    let p = Principal::new("acme", "shop", "service:webhook-ingest");
+    namespaced_key(
+        Scope::Subject,
+        Some(&p),
+        &format!("{}/{provider}-{identifier}", id(n)),
+    )
+    .unwrap()
+}
+
+fn now() -> i64 {
+    i64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()).unwrap()
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}{:x}", idemgate_core::LeaseToken::random().0 >> 64)
+}
+
+/// A first delivery: executed, with the principal and namespaced key in the upstream's headers
+/// and the original body.
+async fn assert_executed(r: reqwest::Response, key: &str, body_len: usize) {
+    assert_eq!(r.status(), 201, "{:?}", r.text().await);
+    assert!(header(&r, "idempotent-replayed").is_none());
+    let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+    assert_eq!(
+        v["request_bytes"], body_len,
+        "the upstream receives the original body"
+    );
+    let h = &v["headers"];
+    assert_eq!(h["idempotency-key"], key);
+    assert_eq!(h["x-tenant-id"], "acme");
+    assert_eq!(h["x-project-id"], "shop");
+    assert_eq!(h["x-subject"], "service:webhook-ingest");
+}
+
+async fn assert_replayed(r: reqwest::Response) {
+    assert_eq!(r.status(), 201);
+    assert_eq!(header(&r, "idempotent-replayed"), Some("true"));
+}
+
+async fn assert_refused(r: reqwest::Response, status: u16, expected: &str) {
+    assert_eq!(r.status(), status);
+    assert_eq!(slug(r).await, expected);
+}
+
+// ---- deliveries signed by the SDKs (tests/webhook_signers) ---------------------------------
+#[tokio::test]
+async fn stripe_deliveries_signed_by_stripe_python() {
+    let Some(sdk) = sdks("stripe_deliveries_signed_by_stripe_python") else {
+        return;
+    };
+    let s = start().await;
+    let path = format!("/hooks/stripe/{}", id(1));
+    let event = |id: &str| json!({"id": id, "object": "event", "type": "charge.succeeded"}).to_string();
+
+    // First delivery, signed with the new secret; a caller's Idempotency-Key and identity
+    // headers are ignored.
+    let evt = unique("evt_");
+    let body = event(&evt);
+    let sig = sdk.stripe(STRIPE_NEW, now(), &body);
+    let headers = [
+        ("stripe-signature", sig.as_str()),
+        ("idempotency-key", "caller-chosen"),
+        ("x-tenant-id", "someone-else"),
+    ];
+    assert_executed(
+        s.deliver(&path, &headers, &body).await,
+        &ns_key(1, "stripe", &evt),
+        body.len(),
+    )
+    .await;
+    // Stripe redelivers with a fresh timestamp and signature: a replay, the upstream ran once.
+    let again = sdk.stripe(STRIPE_NEW, now() + 1, &body);
+    assert_replayed(s.deliver(&path, &[("stripe-signature", &again)], &body).await).await;
+    assert_eq!(s.runs(1, "stripe", &evt), 1);
+    assert_eq!(s.up.executions_ns("caller-chosen"), 0);
+
+    // Rotation: the old secret verifies too.
+    let evt2 = unique("evt_");
+    let body2 = event(&evt2);
+    let sig = sdk.stripe(STRIPE_OLD, now(), &body2);
+    assert_eq!(
+        s.deliver(&path, &[("stripe-signature", &sig)], &body2)
+            .await
+            .status(),
+        201
+    );
+
+    // Several v1 values (Stripe during a secret roll): one matching is enough.
+    let evt3 = unique("evt_");
+    let body3 = event(&evt3);
+    let t = now();
+    let wrong = sdk.stripe("whsec_not_ours", t, &body3);
+    let right = sdk.stripe(STRIPE_OLD, t, &body3);
+    let v1 = |h: &str| {
+        h.split(',')
+            .find_map(|p| p.strip_prefix("v1="))
+            .unwrap()
+            .to_owned()
+    };
+    let both = format!("t={t},v1={},v1={}", v1(&wrong), v1(&right));
+    assert_eq!(
+        s.deliver(&path, &[("stripe-signature", &both)], &body3)
+            .await
+            .status(),
+        201
+    );
+    let total = s.total();
+    assert_eq!(total, 3);
+
+    // Refused, and never forwarded: a tampered body, a wrong secret, a stale timestamp, no id.
+    let evt4 = unique("evt_");
+    let body4 = event(&evt4);
+    let sig = sdk.stripe(STRIPE_NEW, now(), &body4);
+    let tampered = body4.replace("charge.succeeded", "charge.refunded");
+    assert_refused(
+        s.deliver(&path, &[("stripe-signature", &sig)], &tampered).await,
+        401,
+        "invalid-signature",
+    )
+    .await;
+    let sig = sdk.stripe("whsec_wrong", now(), &body4);
+    assert_refused(
+        s.deliver(&path, &[("stripe-signature", &sig)], &body4).await,
+        401,
+        "invalid-signature",
+    )
+    .await;
+    let stale = sdk.stripe(STRIPE_NEW, now() - 400, &body4);
+    assert_refused(
+        s.deliver(&path, &[("stripe-signature", &stale)], &body4).await,
+        401,
+        "invalid-signature",
+    )
+    .await;
+    let no_id = json!({"object": "event"}).to_string();
+    let sig = sdk.stripe(STRIPE_NEW, now(), &no_id);
+    assert_refused(
+        s.deliver(&path, &[("stripe-signature", &sig)], &no_id).await,
+        400,
+        "translation-failed",
+    )
+    .await;
+    // Valid signature, unknown webhook id.
+    let sig = sdk.stripe(STRIPE_NEW, now(), &body4);
+    let other = format!("/hooks/stripe/{}", id(99));
+    assert_refused(
+        s.deliver(&other, &[("stripe-signature", &sig)], &body4).await,
+        404,
+        "unknown-webhook",
+    )
+    .await;
+    assert_eq!(s.total(), total, "no refused delivery reached the upstream");
+    assert!(
+        s.gw.log().contains("webhook translation failed"),
+        "translation failures are logged"
+    );
+    s.assert_log_clean(&[&v1(&right)]);
+}
+
+#[tokio::test]
+async fn github_deliveries_signed_by_octokit() {
+    let Some(sdk) = sdks("github_deliveries_signed_by_octokit") else {
+        return;
+    };
+    let s = start().await;
+    let body = json!({"action": "opened", "number": 7}).to_string();
+    let sig = sdk.octokit(GH_SECRET, &body);
+    let delivery = "72d3162e-cc78-11e3-81ab-4c9367dc0958";
+    let headers = [
+        ("x-hub-signature-256", sig.as_str()),
+        ("x-github-delivery", delivery),
+    ];
+    // One event, two hooks: GitHub sends both the same delivery id; each hook executes once.
+    for n in [2, 3] {
+        let path = format!("/hooks/github/{}", id(n));
+        assert_executed(
+            s.deliver(&path, &headers, &body).await,
+            &ns_key(n, "github", delivery),
+            body.len(),
+        )
+        .await;
+        assert_replayed(s.deliver(&path, &headers, &body).await).await;
+        assert_eq!(s.runs(n, "github", delivery), 1);
+    }
+    let path = format!("/hooks/github/{}", id(2));
+    let tampered = body.replace('7', "8");
+    assert_refused(
+        s.deliver(&path, &headers, &tampered).await,
+        401,
+        "invalid-signature",
+    )
+    .await;
+    let wrong = sdk.octokit("not the secret", &body);
+    let h = [
+        ("x-hub-signature-256", wrong.as_str()),
+        ("x-github-delivery", "d-2"),
+    ];
+    assert_refused(s.deliver(&path, &h, &body).await, 401, "invalid-signature").await;
+    let h = [("x-hub-signature-256", sig.as_str())];
+    assert_refused(s.deliver(&path, &h, &body).await, 400, "translation-failed").await;
+    assert_eq!(s.total(), 2);
+    s.assert_log_clean(&[&sig]);
+}
+
+#[tokio::test]
+async fn twilio_deliveries_signed_by_twilio_python() {
+    let Some(sdk) = sdks("twilio_deliveries_signed_by_twilio_python") else {
+        return;
+    };
+    let s = start().await;
+    // A messaging status callback: form parameters, the public URL signed.
+    let sid = unique("SM");
+    let params = [
+        ("MessageSid", sid.as_str()),
+        ("MessageStatus", "delivered"),
+        ("AccountSid", "AC123"),
+        ("To", "+15558675310"),
+        ("From", "+15017122661"),
+    ];
+    let form: String = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(params)
+        .finish();
+    let path = format!("/hooks/twilio/{}?tenant=acme", id(4));
+    let sign = |url: &str, params: &[(&str, &str)]| {
+        sdk.python(&json!({"sdk": "twilio", "secret": TWILIO_TOKEN, "url": url, "params": params}))
+    };
+    let sig = sign(&format!("{BASE_URL}{path}"), &params);
+    let headers = [
+        ("x-twilio-signature", sig.as_str()),
+        ("content-type", "application/x-www-form-urlencoded"),
+    ];
+    let identifier = format!("{sid}-delivered");
+    assert_executed(
+        s.deliver(&path, &headers, &form).await,
+        &ns_key(4, "twilio", &identifier),
+        form.len(),
+    )
+    .await;
+    assert_replayed(s.deliver(&path, &headers, &form).await).await;
+    assert_eq!(s.runs(4, "twilio", &identifier), 1);
+    // The same URL signed with the default port written out is accepted too.
+    let with_port = sign(&format!("{}:443{path}", BASE_URL), &params);
+    let headers = [
+        ("x-twilio-signature", with_port.as_str()),
+        ("content-type", "application/x-www-form-urlencoded"),
+    ];
+    assert_replayed(s.deliver(&path, &headers, &form).await).await;
+    // A changed parameter breaks the signature; a callback without its status is untranslatable.
+    let tampered = form.replace("delivered", "failed");
+    assert_refused(
+        s.deliver(&path, &headers, &tampered).await,
+        401,
+        "invalid-signature",
+    )
+    .await;
+    let partial = [("MessageSid", sid.as_str()), ("AccountSid", "AC123")];
+    let sig = sign(&format!("{BASE_URL}{path}"), &partial);
+    let body: String = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(partial)
+        .finish();
+    let h = [
+        ("x-twilio-signature", sig.as_str()),
+        ("content-type", "application/x-www-form-urlencoded"),
+    ];
+    assert_refused(s.deliver(&path, &h, &body).await, 400, "translation-failed").await;
+
+    // Event Streams: a JSON body covered by `bodySHA256`, the idempotency token in a header.
+    let body =
+        json!([{"specversion": "1.0", "type": "com.twilio.messaging.message.delivered", "id": unique("EZ")}])
+            .to_string();
+    let hash = sdk.python(&json!({"sdk": "twilio_hash", "body": body}));
+    let path = format!("/hooks/twilio_event_streams/{}?bodySHA256={hash}", id(5));
+    let sig = sdk.python(
+        &json!({"sdk": "twilio", "secret": TWILIO_TOKEN, "url": format!("{BASE_URL}{path}"), "body": body}),
+    );
+    let token = unique("tok-");
+    let headers = [
+        ("x-twilio-signature", sig.as_str()),
+        ("content-type", "application/json"),
+        ("i-twilio-idempotency-token", token.as_str()),
+    ];
+    let key = ns_key(5, "twilio_event_streams", &token);
+    assert_executed(s.deliver(&path, &headers, &body).await, &key, body.len()).await;
+    assert_replayed(s.deliver(&path, &headers, &body).await).await;
+    let tampered = body.replace("delivered", "failed");
+    assert_refused(
+        s.deliver(&path, &headers, &tampered).await,
+        401,
+        "invalid-signature",
+    )
+    .await;
+    assert_eq!(s.total(), 2);
+    s.assert_log_clean(&[&with_port]);
+}
+
+#[tokio::test]
+async fn standard_webhooks_signed_by_standardwebhooks() {
+    let Some(sdk) = sdks("standard_webhooks_signed_by_standardwebhooks") else {
+        return;
+    };
+    let s = start().await;
+    let path = format!("/hooks/standard_webhooks/{}", id(6));
+    let msg = unique("msg_");
+    let body = json!({"type": "invoice.paid", "data": {"n": 1}}).to_string();
+    let sign = |t: i64, body: &str| {
+        sdk.python(&json!({"sdk": "standardwebhooks", "secret": SW_SECRET, "msg_id": msg, "timestamp": t, "body": body}))
+    };
+    let t = now().to_string();
+    let sig = sign(now(), &body);
+    let headers = [
+        ("webhook-id", msg.as_str()),
+        ("webhook-timestamp", t.as_str()),
+        ("webhook-signature", sig.as_str()),
+    ];
+    assert_executed(
+        s.deliver(&path, &headers, &body).await,
+        &ns_key(6, "standard_webhooks", &msg),
+        body.len(),
+    )
+    .await;
+    assert_replayed(s.deliver(&path, &headers, &body).await).await;
+    assert_eq!(s.runs(6, "standard_webhooks", &msg), 1);
+    assert_refused(s.deliver(&path, &headers, "{}").await, 401, "invalid-signature").await;
+    let old = now() - 400;
+    let stale = sign(old, &body);
+    let old = old.to_string();
+    let h = [
+        ("webhook-id", msg.as_str()),
+        ("webhook-timestamp", old.as_str()),
+        ("webhook-signature", stale.as_str()),
+    ];
+    assert_refused(s.deliver(&path, &h, &body).await, 401, "invalid-signature").await;
+    assert_eq!(s.total(), 1);
+    s.assert_log_clean(&[&sig]);
+}
+
+// ---- without the SDKs -----------------------------------------------------------------------
+
+#[tokio::test]
+async fn unknown_ids_answer_404() {
+    let s = start().await;
+    let body = "{}";
+    let mac = hex::encode(hmac(
+        HmacAlgorithm::Sha256,
+        GH_SECRET.as_bytes(),
+        &[body.as_bytes()],
+    ));
+    let sig = format!("sha256={mac}");
+    let headers = [
+        ("x-hub-signature-256", sig.as_str()),
+        ("x-github-delivery", "d-1"),
+    ];
+    let unregistered = id(99);
+    let stripe_entry = id(1);
+    // Not registered, malformed, and registered for another provider than the route's.
+    for wid in [unregistered.as_str(), "wh_nope", "WH_0", stripe_entry.as_str()] {
+        let r = s.deliver(&format!("/hooks/github/{wid}"), &headers, body).await;
+        assert_refused(r, 404, "unknown-webhook").await;
+    }
+    assert_eq!(s.total(), 0);
+}
+
+#[tokio::test]
+async fn gitlab_shopify_and_generic_deliveries() {
+    let s = start().await;
+    // GitLab: the token is the secret; its Idempotency-Key (stable across retries) is the id.
+    let path = format!("/hooks/gitlab/{}", id(8));
+    let key = "0a6c5f8e-3a1b-4c2d-9e8f-7a6b5c4d3e2f";
+    let body = r#"{"object_kind":"push"}"#;
+    let headers = [("x-gitlab-token", GITLAB_TOKEN), ("idempotency-key", key)];
+    assert_executed(
+        s.deliver(&path, &headers, body).await,
+        &ns_key(8, "gitlab", key),
+        body.len(),
+    )
+    .await;
+    assert_replayed(s.deliver(&path, &headers, body).await).await;
+    let wrong = [
+        ("x-gitlab-token", "glpat-hook-token-77d2"),
+        ("idempotency-key", key),
+    ];
+    assert_refused(s.deliver(&path, &wrong, body).await, 401, "invalid-signature").await;
+    let no_key = [("x-gitlab-token", GITLAB_TOKEN)];
+    assert_refused(s.deliver(&path, &no_key, body).await, 400, "translation-failed").await;
+
+    // Shopify: base64 HMAC-SHA256 of the body; X-Shopify-Event-Id.
+    let path = format!("/hooks/shopify/{}", id(7));
+    let body = r#"{"id":820982911946154508,"email":"jon@example.com"}"#;
+    let sig = BASE64.encode(hmac(
+        HmacAlgorithm::Sha256,
+        SHOPIFY_SECRET.as_bytes(),
+        &[body.as_bytes()],
+    ));
+    let headers = [
+        ("x-shopify-hmac-sha256", sig.as_str()),
+        ("x-shopify-event-id", "98880550-7158-44d4-b7cd-2c97c8a091b5"),
+    ];
+    let r = s.deliver(&path, &headers, body).await;
+    assert_executed(
+        r,
+        &ns_key(7, "shopify", "98880550-7158-44d4-b7cd-2c97c8a091b5"),
+        body.len(),
+    )
+    .await;
+    assert_refused(s.deliver(&path, &headers, "{}").await, 401, "invalid-signature").await;
+
+    // Generic: `v1=` + hex HMAC-SHA256 of `{X-Timestamp}.{body}`, id at /event/id.
+    let path = format!("/hooks/generic/{}", id(9));
+    let body = r#"{"event":{"id":"ev_42","kind":"paid"}}"#;
+    let mac = hmac(
+        HmacAlgorithm::Sha256,
+        GENERIC_SECRET.as_bytes(),
+        &[b"1700000000.", body.as_bytes()],
+    );
+    let sig = format!("v1={}", hex::encode(mac));
+    let headers = [("x-signature", sig.as_str()), ("x-timestamp", "1700000000")];
+    assert_executed(
+        s.deliver(&path, &headers, body).await,
+        &ns_key(9, "generic", "ev_42"),
+        body.len(),
+    )
+    .await;
+    assert_replayed(s.deliver(&path, &headers, body).await).await;
+    let moved = [("x-signature", sig.as_str()), ("x-timestamp", "1700000001")];
+    assert_refused(s.deliver(&path, &moved, body).await, 401, "invalid-signature").await;
+    assert_eq!(s.total(), 3);
+    s.assert_log_clean(&[]);
+}
+
+#[tokio::test]
+async fn the_registry_reloads_without_a_restart() {
+    let s = start().await;
+    let path = format!("/hooks/github/{}", id(42));
+    let body = r#"{"zen":"Keep it logically awesome."}"#;
+    let mac = hex::encode(hmac(
+        HmacAlgorithm::Sha256,
+        GH_SECRET.as_bytes(),
+        &[body.as_bytes()],
+    ));
+    let sig = format!("sha256={mac}");
+    let headers = [
+        ("x-hub-signature-256", sig.as_str()),
+        ("x-github-delivery", "ping-1"),
+    ];
+    assert_refused(s.deliver(&path, &headers, body).await, 404, "unknown-webhook").await;
+
+    // A new hook appears in the file; a broken file in between keeps the old entries.
+    std::fs::write(s.gw.file("webhooks.yaml"), "- [this is not an entry").unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let known = format!("/hooks/github/{}", id(2));
+    let r = s.deliver(&known, &headers, body).await;
+    assert_eq!(
+        r.status(),
+        201,
+        "a broken registry file keeps the last good entries"
+    );
+    let reg = format!("{}{}", registry(), entry(42, "github", "WH_GITHUB"));
+    std::fs::write(s.gw.file("webhooks.yaml"), reg).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = s.deliver(&path, &headers, body).await;
+        if r.status() == 201 {
+            break;
+        }
+        assert_eq!(slug(r).await, "unknown-webhook");
+        assert!(Instant::now() < deadline, "the new entry was not picked up");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(s.runs(42, "github", "ping-1"), 1);
+    assert!(
+        s.gw.log().contains("not reloaded"),
+        "the broken file was reported"
+    );
+}
