@@ -43,16 +43,37 @@ pub const BASE64: GeneralPurpose = GeneralPurpose::new(
 );
 
 /// An entry's secrets while one delivery is checked, counting the MACs computed.
+///
+/// Every check computes one MAC (or digest) per *slot*, not per secret: the registry's largest
+/// number of secrets per entry. Slots beyond an entry's own secrets are filled with a dummy key
+/// whose result is discarded, so a delivery costs the same whether its id has one secret, two
+/// during a rotation, or none at all (unknown).
 pub struct Keys<'a> {
     secrets: &'a [Secret],
+    slots: usize,
+    filler: Option<&'a Secret>,
     work: Cell<usize>,
 }
 
 impl<'a> Keys<'a> {
+    /// Exactly `secrets`, no padding.
     #[must_use]
     pub fn new(secrets: &'a [Secret]) -> Self {
         Self {
             secrets,
+            slots: secrets.len(),
+            filler: None,
+            work: Cell::new(0),
+        }
+    }
+
+    /// `secrets`, padded with `filler` up to `slots` keys.
+    #[must_use]
+    pub fn padded(secrets: &'a [Secret], slots: usize, filler: &'a Secret) -> Self {
+        Self {
+            secrets,
+            slots: slots.max(secrets.len()),
+            filler: Some(filler),
             work: Cell::new(0),
         }
     }
@@ -64,17 +85,25 @@ impl<'a> Keys<'a> {
         self.work.get()
     }
 
+    /// Each slot's key, and whether its result counts (a filler's never does).
+    fn slots(&self) -> impl Iterator<Item = (&'a [u8], Choice)> + '_ {
+        (0..self.slots).filter_map(move |i| match self.secrets.get(i) {
+            Some(s) => Some((s.0.as_slice(), Choice::from(1))),
+            None => self.filler.map(|f| (f.0.as_slice(), Choice::from(0))),
+        })
+    }
+
     /// Whether the HMAC of any of `messages` (each given as pieces that are concatenated) under
     /// any secret equals any of `candidates`.
     #[must_use]
     pub fn any_mac_matches(&self, alg: HmacAlgorithm, messages: &[&[&[u8]]], candidates: &[Vec<u8>]) -> bool {
         let mut found = Choice::from(0);
-        for secret in self.secrets {
+        for (key, counts) in self.slots() {
             for message in messages {
-                let mac = hmac(alg, &secret.0, message);
+                let mac = hmac(alg, key, message);
                 self.work.set(self.work.get() + 1);
                 for c in candidates {
-                    found |= mac.as_slice().ct_eq(c.as_slice());
+                    found |= mac.as_slice().ct_eq(c.as_slice()) & counts;
                 }
             }
         }
@@ -87,10 +116,10 @@ impl<'a> Keys<'a> {
     pub fn any_secret_equals(&self, token: &[u8]) -> bool {
         let presented = Sha256::digest(token);
         let mut found = Choice::from(0);
-        for secret in self.secrets {
-            let expected = Sha256::digest(&secret.0);
+        for (key, counts) in self.slots() {
+            let expected = Sha256::digest(key);
             self.work.set(self.work.get() + 1);
-            found |= presented.as_slice().ct_eq(expected.as_slice());
+            found |= presented.as_slice().ct_eq(expected.as_slice()) & counts;
         }
         found.into()
     }
@@ -159,6 +188,18 @@ mod tests {
         assert!(!keys.any_mac_matches(HmacAlgorithm::Sha256, &[&[b"x"]], &[vec![0; 32]]));
         assert!(keys.any_secret_equals(b"old"));
         assert!(!keys.any_secret_equals(b"ol"));
+        // Padded: the filler costs a MAC but never matches.
+        let filler = Secret::new("filler");
+        let one = [Secret::new("new")];
+        let keys = Keys::padded(&one, 3, &filler);
+        let by_filler = hmac(HmacAlgorithm::Sha256, b"filler", &[b"m"]);
+        assert!(!keys.any_mac_matches(HmacAlgorithm::Sha256, &[&[b"m"]], &[by_filler]));
+        assert!(!keys.any_secret_equals(b"filler"));
+        assert!(keys.any_secret_equals(b"new"));
+        assert_eq!(keys.work(), 9);
+        let none = Keys::padded(&[], 3, &filler);
+        assert!(!none.any_secret_equals(b"filler"));
+        assert_eq!(none.work(), 3);
         assert_eq!(format!("{:?}", secrets[0]), "Secret(..)");
     }
 

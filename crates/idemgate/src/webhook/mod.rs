@@ -8,8 +8,10 @@
 //!
 //! An unknown id (or one registered for another provider than the route's) answers `404
 //! unknown-webhook` only after the same signature work as a known id with a bad signature: the
-//! route's provider check runs against a dummy secret, through the same code, and its result is
-//! thrown away. Secrets and signatures are never logged, nor put in a problem body.
+//! route's provider check runs through the same code against a dummy secret, and its result is
+//! thrown away. Every check is also padded to the registry's largest number of secrets per entry
+//! ([`crypto::Keys`]), so an entry in rotation costs no more than any other. Secrets and
+//! signatures are never logged, nor put in a problem body.
 
 pub mod crypto;
 pub mod providers;
@@ -60,8 +62,9 @@ pub struct Webhooks {
     registry: Registry,
     tolerance: Duration,
     public_base_url: Option<String>,
-    /// What an unknown id is checked against (random, so it verifies nothing).
-    dummy: Vec<Secret>,
+    /// What an unknown id is checked against, and what pads an entry's secrets up to the
+    /// registry's [`Registry::secret_slots`] (random; its results are discarded anyway).
+    dummy: Secret,
 }
 
 impl Webhooks {
@@ -100,7 +103,7 @@ impl Webhooks {
             registry,
             tolerance,
             public_base_url: public_base_url.map(|u| u.trim_end_matches('/').to_owned()),
-            dummy: vec![Secret::new(dummy.repeat(2))],
+            dummy: Secret::new(dummy.repeat(2)),
         })
     }
 
@@ -153,7 +156,8 @@ impl Webhooks {
             .registry
             .lookup(webhook_id)
             .filter(|e| e.provider == provider);
-        let keys = Keys::new(entry.as_ref().map_or(&self.dummy[..], |e| &e.secrets[..]));
+        let secrets = entry.as_ref().map_or(&[][..], |e| &e.secrets[..]);
+        let keys = Keys::padded(secrets, self.registry.secret_slots(), &self.dummy);
         let delivery = Delivery {
             headers: &parts.headers,
             uri: &parts.uri,

@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -183,6 +184,9 @@ pub struct Registry {
     watch: Option<Watch>,
     from_file: RwLock<Arc<Map>>,
     provisioned: RwLock<Map>,
+    /// The most secrets any file entry / provisioned entry has (see [`Registry::secret_slots`]).
+    file_slots: AtomicUsize,
+    provisioned_slots: AtomicUsize,
 }
 
 impl std::fmt::Debug for Registry {
@@ -202,6 +206,8 @@ impl Registry {
             watch: None,
             from_file: RwLock::new(Arc::new(Map::new())),
             provisioned: RwLock::new(Map::new()),
+            file_slots: AtomicUsize::new(0),
+            provisioned_slots: AtomicUsize::new(0),
         }
     }
 
@@ -230,8 +236,10 @@ impl Registry {
                 env,
                 state: Mutex::new((Instant::now(), stamp)),
             }),
+            file_slots: AtomicUsize::new(most_secrets(entries.iter())),
             from_file: RwLock::new(Arc::new(by_id(entries))),
             provisioned: RwLock::new(Map::new()),
+            provisioned_slots: AtomicUsize::new(0),
         })
     }
 
@@ -263,20 +271,31 @@ impl Registry {
         if entry.tenant.is_empty() || entry.project.is_empty() {
             return Err(bad("tenant and project must be non-empty"));
         }
-        self.provisioned
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(entry.id.clone(), Arc::new(entry));
+        let mut map = self.provisioned.write().unwrap_or_else(PoisonError::into_inner);
+        map.insert(entry.id.clone(), Arc::new(entry));
+        self.provisioned_slots
+            .store(most_secrets(map.values().map(AsRef::as_ref)), Ordering::Relaxed);
         Ok(())
     }
 
     /// Removes a provisioned entry; file entries change only with the file.
     pub fn remove(&self, id: &str) -> bool {
-        self.provisioned
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(id)
-            .is_some()
+        let mut map = self.provisioned.write().unwrap_or_else(PoisonError::into_inner);
+        let removed = map.remove(id).is_some();
+        self.provisioned_slots
+            .store(most_secrets(map.values().map(AsRef::as_ref)), Ordering::Relaxed);
+        removed
+    }
+
+    /// The most secrets any entry has (at least 1): every signature check computes this many
+    /// MACs, padding with a dummy key, so that neither an unknown id nor an entry's number of
+    /// secrets shows in the time a refusal takes.
+    #[must_use]
+    pub fn secret_slots(&self) -> usize {
+        self.file_slots
+            .load(Ordering::Relaxed)
+            .max(self.provisioned_slots.load(Ordering::Relaxed))
+            .max(1)
     }
 
     /// Every entry (provisioned ones win over a file entry with the same id), sorted by id.
@@ -341,7 +360,9 @@ impl Registry {
         })?;
         let entries = parse(&w.path, &text, &w.env)?;
         let n = entries.len();
+        let slots = most_secrets(entries.iter());
         *self.from_file.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(by_id(entries));
+        self.file_slots.store(slots, Ordering::Relaxed);
         tracing::info!(entries = n, "webhook registry reloaded");
         Ok(true)
     }
@@ -353,6 +374,10 @@ fn env_var(name: &str) -> Option<String> {
 
 fn stamp(path: &Path) -> Option<Stamp> {
     std::fs::metadata(path).ok().map(|m| (m.modified().ok(), m.len()))
+}
+
+fn most_secrets<'a>(entries: impl Iterator<Item = &'a Entry>) -> usize {
+    entries.map(|e| e.secrets.len()).max().unwrap_or(0)
 }
 
 fn by_id(entries: Vec<Entry>) -> Map {
@@ -468,8 +493,18 @@ mod tests {
             provider: Provider::Shopify,
             secrets: vec![Secret::new("s")],
         };
+        assert_eq!(reg.secret_slots(), 1);
         reg.upsert(e.clone()).unwrap();
         assert_eq!(reg.lookup(&e.id).as_deref(), Some(&e));
+        let rotating = Entry {
+            id: new_id(),
+            secrets: vec![Secret::new("a"), Secret::new("b"), Secret::new("c")],
+            ..e.clone()
+        };
+        reg.upsert(rotating.clone()).unwrap();
+        assert_eq!(reg.secret_slots(), 3);
+        assert!(reg.remove(&rotating.id));
+        assert_eq!(reg.secret_slots(), 1);
         assert_eq!(reg.entries().len(), 1);
         assert!(
             reg.upsert(Entry {

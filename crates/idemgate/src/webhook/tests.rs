@@ -126,6 +126,8 @@ fn badly_signed(provider: Provider) -> (Vec<(&'static str, String)>, Vec<u8>) {
 #[test]
 fn unknown_ids_cost_the_same_signature_work_as_bad_signatures() {
     let w = webhooks();
+    // Two secrets somewhere in the registry: every check computes two MACs per signed message.
+    register(&w, Provider::Gitlab, &["a", "b"], "p");
     for p in Provider::ALL {
         let r = route(p);
         let known = register(&w, p, &["whsec_c2VjcmV0LXNlY3JldC1zZWNyZXQ="], "p");
@@ -133,6 +135,17 @@ fn unknown_ids_cost_the_same_signature_work_as_bad_signatures() {
         let path = format!("/wh/{}/x", p.as_str());
         let (bad_sig, bad_work) = w.check(&r, &known, &parts(&path, &headers), &body, NOW);
         assert_eq!(bad_sig.unwrap_err().kind, Kind::InvalidSignature, "{p:?}");
+        // An entry in rotation (two secrets) costs the same as one with a single secret: every
+        // check is padded to the registry's largest number of secrets.
+        let rotating = register(
+            &w,
+            p,
+            &["whsec_c2VjcmV0LXNlY3JldC1zZWNyZXQ=", "whsec_b3RoZXI="],
+            "p",
+        );
+        let (res, work) = w.check(&r, &rotating, &parts(&path, &headers), &body, NOW);
+        assert_eq!(res.unwrap_err().kind, Kind::InvalidSignature, "{p:?}");
+        assert_eq!(work, bad_work, "{p:?}: the number of secrets does not show");
         let unknown_id = new_id();
         let (unknown, unknown_work) = w.check(&r, &unknown_id, &parts(&path, &headers), &body, NOW);
         assert_eq!(unknown.unwrap_err().kind, Kind::UnknownWebhook, "{p:?}");
