@@ -301,7 +301,7 @@ mod postgres {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let listening: i64 = admin
-                .query_one("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN%'", &[&name])
+                .query_one("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND (query LIKE 'LISTEN%' OR query LIKE '%idemgate-listen%')", &[&name])
                 .await
                 .unwrap()
                 .get(0);

@@ -1,9 +1,10 @@
 //! The `LISTEN` connection: one per store, outside the pool, turning notifications on
 //! [`super::CHANNEL`] into local wake-ups.
 //!
-//! When it drops (a terminated backend, a restarted server) it reconnects with a bounded
-//! backoff, and after every (re)`LISTEN` all local waiters are woken: notifications sent while
-//! it was away are lost, and a woken waiter re-checks the store, so a lost one only delays.
+//! When it drops (a terminated backend, a restarted server) or stops answering its periodic
+//! ping, it reconnects with a bounded backoff, and after every (re)`LISTEN` all local waiters
+//! are woken: notifications sent while it was away are lost, and a woken waiter re-checks the
+//! store, so a lost one only delays.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +14,10 @@ use idemgate_core::notify::Notifier;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// How often the connection is checked with a query, and the query (named, so operators can
+/// tell the listener in `pg_stat_activity`).
+const PING_EVERY: Duration = Duration::from_secs(5);
+const PING: &str = "SELECT 'idemgate-listen'";
 
 /// Runs until the store is dropped (the task is aborted then).
 pub(super) async fn run(config: tokio_postgres::Config, notifier: Arc<Notifier>, timeout: Duration) {
@@ -43,7 +48,24 @@ pub(super) async fn run(config: tokio_postgres::Config, notifier: Arc<Notifier>,
                         tracing::debug!("postgres notifications listening");
                         // Anything sent while we were not listening is lost: wake everyone.
                         notifier.notify_all();
-                        let _ = (&mut driver).await;
+                        // Until the connection ends or stops answering (a half-open
+                        // connection delivers nothing and never closes by itself).
+                        let mut ping =
+                            tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
+                        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                        loop {
+                            tokio::select! {
+                                _ = &mut driver => break,
+                                _ = ping.tick() => {
+                                    let alive = tokio::time::timeout(timeout, client.simple_query(PING)).await;
+                                    if !matches!(alive, Ok(Ok(_))) {
+                                        driver.abort();
+                                        break;
+                                    }
+                                }
+                            }
+                        }
+                        tracing::warn!("postgres notification connection lost; reconnecting");
                         notifier.notify_all();
                     }
                     _ => driver.abort(),
