@@ -590,3 +590,46 @@ async fn recovery_routes_answer_from_the_callers_namespace() {
     assert_eq!(with_header.status(), 400);
     assert_eq!(app.executions.get(), 1);
 }
+
+/// With a task tracker, a graceful shutdown waits for running executions, which complete their
+/// records even though their clients are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_tracker_lets_shutdown_wait_for_executions() {
+    let store = Arc::new(MemoryStore::new(1 << 20));
+    let tracker = tokio_util::task::TaskTracker::new();
+    let gate = Gate::closed();
+    let layer = IdempotencyLayer::new(store.clone())
+        .scope(Scope::Global)
+        .task_tracker(tracker.clone());
+    let (url, app) = start(layer, gate.clone()).await;
+    let raw = common::key("shutdown");
+    let client = {
+        let (url, raw) = (url.clone(), raw.clone());
+        tokio::spawn(async move {
+            http()
+                .post(&url)
+                .header("idempotency-key", raw)
+                .body("{}")
+                .send()
+                .await
+        })
+    };
+    app.executions.reaches(1).await;
+    client.abort();
+    tracker.close();
+    let mut waiting = std::pin::pin!(tracker.wait());
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_millis(50), &mut waiting)
+            .await
+            .is_err(),
+        "the execution is still running"
+    );
+    gate.open();
+    within("the tracker", waiting).await;
+    let record = store
+        .get(&global_key(&raw), idemgate_core::record::now_millis())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(record.state, RecordState::Completed { .. }));
+}

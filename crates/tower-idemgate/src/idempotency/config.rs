@@ -56,6 +56,8 @@ pub(crate) struct Config<P> {
     pub max_request_bytes: usize,
     pub principal: P,
     pub procedure: Option<Arc<dyn Procedure>>,
+    /// Executions are spawned here when set, so a graceful shutdown can wait for them.
+    pub tasks: Option<tokio_util::task::TaskTracker>,
 }
 
 impl<P> std::fmt::Debug for Config<P> {
@@ -86,6 +88,7 @@ impl<P> Config<P> {
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             principal,
             procedure: None,
+            tasks: None,
         }
     }
 

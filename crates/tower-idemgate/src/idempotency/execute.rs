@@ -62,7 +62,11 @@ where
     });
     let future = inner.call(req);
     let (tx, rx) = oneshot::channel();
-    tokio::spawn(drive(future, exec, config, tx));
+    let task = drive(future, exec, config.clone(), tx);
+    match &config.tasks {
+        Some(tracker) => drop(tracker.spawn(task)),
+        None => drop(tokio::spawn(task)),
+    }
     match rx.await {
         Ok(Ok(result)) => result,
         // The handler panicked: the key is already released; unwind into the caller as if

@@ -245,6 +245,14 @@ impl<St, P: Clone> IdempotencyLayer<St, P> {
         self.with(|c| c.procedure = Some(procedure))
     }
 
+    /// Spawns executions on `tracker`, so that a graceful shutdown can wait for every
+    /// execution still running to complete or release its record:
+    /// `tracker.close(); tracker.wait().await` after the server stopped accepting.
+    #[must_use]
+    pub fn task_tracker(self, tracker: tokio_util::task::TaskTracker) -> Self {
+        self.with(|c| c.tasks = Some(tracker))
+    }
+
     /// Where the caller comes from ([`FromExtensions`] by default).
     #[must_use]
     pub fn principal<P2: PrincipalSource>(self, source: P2) -> IdempotencyLayer<St, P2> {
@@ -264,6 +272,7 @@ impl<St, P: Clone> IdempotencyLayer<St, P> {
                 max_request_bytes: c.max_request_bytes,
                 principal: source,
                 procedure: c.procedure,
+                tasks: c.tasks,
             }),
         }
     }
