@@ -326,3 +326,60 @@ async fn starts_with_postgres_down() {
     let store = store_block("postgres", &url, "  timeout: 300ms\n  pool_size: 2\n");
     starts_with_the_store_down(&store, async || forward.start().await).await;
 }
+
+/// Counted by Redis itself (`INFO commandstats` on a server of the test's own): a miss
+/// through the gateway is two store calls (begin, complete), a replay one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_counts_two_calls_per_miss_and_one_per_replay() {
+    if redis_url().is_none() {
+        return;
+    }
+    let Some(server) = RedisServer::start().await else {
+        return;
+    };
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&up, &store_block("redis", &server.url(), ""), "").await;
+    let url = gw.url("/api/v1/orders");
+    // Warm up: connections made, scripts loaded.
+    let warm = key("warm");
+    for _ in 0..2 {
+        post(&url, Some(&warm), "{}").send().await.unwrap();
+    }
+    // Commands a store client could send itself (commands run inside a script count in
+    // `commandstats` too, so the script's own HSETs are not "round trips").
+    let calls = async || {
+        let info = server.command(&["INFO", "commandstats"]).await;
+        let count = |cmd: &str| -> u64 {
+            info.lines()
+                .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+                .and_then(|rest| rest.split(',').next())
+                .map_or(0, |n| n.parse().unwrap())
+        };
+        let others = [
+            "eval",
+            "script|load",
+            "hgetall",
+            "get",
+            "set",
+            "ping",
+            "multi",
+            "exec",
+        ];
+        (count("evalsha"), others.iter().map(|c| count(c)).sum::<u64>())
+    };
+    let (eval0, other0) = calls().await;
+    let keys: Vec<String> = (0..20).map(|i| key(&format!("rt{i}"))).collect();
+    for k in &keys {
+        let r = post(&url, Some(k), "{}").send().await.unwrap();
+        assert_eq!(r.status(), 201);
+    }
+    let (eval1, other1) = calls().await;
+    assert_eq!(eval1 - eval0, 40, "two script calls per miss");
+    assert_eq!(other1, other0, "and no other command");
+    for k in &keys {
+        let r = post(&url, Some(k), "{}").send().await.unwrap();
+        assert_eq!(header(&r, "idempotent-replayed"), Some("true"));
+    }
+    let (eval2, _) = calls().await;
+    assert_eq!(eval2 - eval1, 20, "one script call per replay");
+}
