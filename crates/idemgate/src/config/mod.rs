@@ -66,7 +66,7 @@ impl std::fmt::Debug for AdminConfig {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct StoreConfig {
     pub kind: StoreKind,
     pub path: PathBuf,
@@ -79,6 +79,21 @@ pub struct StoreConfig {
     pub prefix: String,
     /// `postgres` pool size.
     pub pool_size: usize,
+}
+
+// By hand: the url may carry a password, which must not reach a log line.
+impl std::fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreConfig")
+            .field("kind", &self.kind)
+            .field("path", &self.path)
+            .field("max_bytes", &self.max_bytes)
+            .field("url", &self.url.as_ref().map(|_| "<set>"))
+            .field("timeout", &self.timeout)
+            .field("prefix", &self.prefix)
+            .field("pool_size", &self.pool_size)
+            .finish()
+    }
 }
 
 #[derive(Debug)]
@@ -332,20 +347,13 @@ fn resolve_store(s: &file::StoreFile) -> Result<StoreConfig, ConfigError> {
     let url = match (s.kind, &s.url) {
         (StoreKind::Redis, Some(url)) => {
             idemgate_stores::redis::check_url(url).map_err(|e| {
-                ConfigError(format!(
-                    "store.url: `{url}` is not a usable redis URL: {}",
-                    error_chain(&e)
-                ))
+                ConfigError(format!("store.url: not a usable redis URL: {}", error_chain(&e)))
             })?;
             Some(url.clone())
         }
         (StoreKind::Postgres, Some(url)) => {
-            idemgate_stores::postgres::check_url(url).map_err(|e| {
-                ConfigError(format!(
-                    "store.url: `{url}` is not a postgres URL: {}",
-                    error_chain(&e)
-                ))
-            })?;
+            idemgate_stores::postgres::check_url(url)
+                .map_err(|e| ConfigError(format!("store.url: not a postgres URL: {}", error_chain(&e))))?;
             Some(url.clone())
         }
         (StoreKind::Redis | StoreKind::Postgres, None) => {
