@@ -150,3 +150,4 @@ pub fn key(name: &str) -> String {
 pub async fn ping<S: Store>(store: &S) -> bool {
     store.ping().await.is_ok()
 }
+pub mod app;
