@@ -140,6 +140,48 @@ mod redis {
         support::waiter_woken_across(a, b, Duration::from_secs(10)).await;
     }
 
+    /// The subscriber's connection killed (`CLIENT KILL TYPE pubsub`) just before the owner
+    /// completes: it comes back and wakes every waiter to re-check, so a completion published
+    /// while it was away still ends the wait at once rather than at the owner's 30 s lease.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lost_subscription_only_delays_waiters() {
+        if std::env::var("IDEMGATE_TEST_REDIS_URL").is_err() {
+            println!("skipped: IDEMGATE_TEST_REDIS_URL not set");
+            return;
+        }
+        let Some(server) = RedisServer::start().await else {
+            return;
+        };
+        let timeout = Duration::from_millis(500);
+        let (a, b) = (on(&server.url(), timeout), on(&server.url(), timeout));
+        eventually(Duration::from_secs(5), || b.ping()).await;
+        // Right before the owner completes, the subscriber is cut off and cannot come back
+        // (a password it does not know; connections already open stay authenticated), so the
+        // completion is published to nobody. 300 ms later it may reconnect again.
+        let admin = redis::Client::open(server.url()).unwrap();
+        let mut admin = admin.get_multiplexed_async_connection().await.unwrap();
+        let cut_off = async || {
+            let mut cmd = redis::cmd("CONFIG");
+            cmd.arg("SET").arg("requirepass").arg("not-known-to-the-store");
+            let _: () = cmd.query_async(&mut admin).await.unwrap();
+            let _: redis::Value = redis::cmd("CLIENT")
+                .arg("KILL")
+                .arg("TYPE")
+                .arg("pubsub")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            let mut admin = admin.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let mut cmd = redis::cmd("CONFIG");
+                cmd.arg("SET").arg("requirepass").arg("");
+                let _: () = cmd.query_async(&mut admin).await.unwrap();
+            });
+        };
+        support::waiter_woken_across_with(a, b, Duration::from_secs(10), cut_off).await;
+    }
+
     /// `CLIENT PAUSE` longer than the timeout: calls end in `Timeout` at the bound.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_paused_server_gives_bounded_timeouts() {

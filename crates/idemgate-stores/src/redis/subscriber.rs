@@ -59,7 +59,7 @@ async fn listen(pubsub: redis::aio::PubSub, notifier: &Notifier, timeout: Durati
             },
             _ = ping.tick() => {
                 let alive = tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await;
-                if !matches!(alive, Ok(Ok(_))) {
+                if !matches!(alive, Ok(Ok(v)) if !matches!(v, redis::Value::ServerError(_))) {
                     return;
                 }
             }
@@ -75,6 +75,9 @@ async fn subscribe(
     let connect = async {
         let mut pubsub = client.get_async_pubsub().await?;
         pubsub.subscribe(channel).await?;
+        // redis-rs hands an error reply to SUBSCRIBE (NOAUTH, say) back as a value rather than
+        // an error, so make sure the connection answers before trusting it.
+        pubsub.ping::<redis::Value>().await?.extract_error()?;
         Ok::<_, redis::RedisError>(pubsub)
     };
     Ok(tokio::time::timeout(timeout, connect).await??)

@@ -214,6 +214,17 @@ pub async fn release_wakes_across<S: Store>(a: Arc<S>, b: Arc<S>, limit: Duratio
 
 /// An owner on `a`, a waiter on `b`: `a`'s completion wakes `b`'s waiter within `limit`.
 pub async fn waiter_woken_across<S: Store>(a: Arc<S>, b: Arc<S>, limit: Duration) {
+    waiter_woken_across_with(a, b, limit, async || {}).await;
+}
+
+/// [`waiter_woken_across`], running `before_finish` once the waiter waits and just before the
+/// owner completes (to lose the notification, for instance).
+pub async fn waiter_woken_across_with<S: Store>(
+    a: Arc<S>,
+    b: Arc<S>,
+    limit: Duration,
+    before_finish: impl AsyncFnOnce(),
+) {
     let policy = Policy {
         lease: Duration::from_secs(30),
         wait_timeout: Duration::from_secs(25),
@@ -235,6 +246,7 @@ pub async fn waiter_woken_across<S: Store>(a: Arc<S>, b: Arc<S>, limit: Duration
     }
     // The waiter has subscribed; give its re-check (which flags the record) time to land.
     tokio::time::sleep(Duration::from_millis(100)).await;
+    before_finish().await;
     let started = Instant::now();
     owner.finish(Outcome::Response(response())).await.unwrap();
     let woken = tokio::time::timeout(limit, waiter)
