@@ -95,6 +95,18 @@ impl<IO> Sniffer<IO> {
     }
 }
 
+/// The verdicts a connection carrying `chunks` (in that split) gets; for fuzzing and tests.
+#[doc(hidden)]
+#[must_use]
+pub fn verdicts_for(chunks: &[&[u8]]) -> Vec<Verdict> {
+    let (mut s, v) = Sniffer::new(());
+    for c in chunks {
+        s.feed(c);
+    }
+    let mut q = v.0.lock().unwrap_or_else(PoisonError::into_inner);
+    q.drain(..).collect()
+}
+
 /// Advances the state machine over `data`; returns the next state and how many bytes it used.
 fn step(state: State, data: &[u8], verdicts: &Verdicts) -> (State, usize) {
     match state {

@@ -17,15 +17,16 @@ use tokio::net::TcpListener;
 use crate::framing::Sniffer;
 use crate::proxy::Gateway;
 
-/// How long a client may take to send its request head (slow-header defence).
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest request head accepted; larger ones get 431 from hyper.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 /// Serves until `shutdown` resolves, then drains.
 pub async fn serve(gateway: Arc<Gateway>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .header_read_timeout(gateway.config().header_read_timeout)
+        .max_header_size(MAX_HEAD_BYTES)
         .keep_alive(true);
     tokio::pin!(shutdown);
     loop {

@@ -66,3 +66,57 @@ async fn bodies_over_the_limit_are_413() {
     assert!(resp.starts_with("HTTP/1.1 413"), "chunked: {resp}");
     assert_eq!(up.counts.total(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_headers_are_431() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&up, "memory", "").await;
+    let big = "x".repeat(100 * 1024);
+    let resp = raw(&gw, &format!("POST /anything HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\nContent-Length: 0\r\n\r\n"));
+    assert!(resp.starts_with("HTTP/1.1 431"), "{}", &resp[..resp.len().min(200)]);
+    assert_eq!(up.counts.total(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slowloris_is_cut_off_while_normal_requests_are_served() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = Upstream::start().await;
+    let gw = Gateway::start_with(&up, "memory", "", "  header_read_timeout: 2s\n").await;
+    let started = std::time::Instant::now();
+    let mut slow = Vec::new();
+    for _ in 0..200 {
+        let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+        s.write_all(b"P").await.unwrap();
+        slow.push(s);
+    }
+    // One byte a second; a normal request in the middle of it is answered.
+    let drip = tokio::spawn(async move {
+        let mut closed = 0;
+        for round in 0..6 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            closed = 0;
+            for s in &mut slow {
+                if s.write_all(b"O").await.is_err() {
+                    closed += 1;
+                    continue;
+                }
+                let mut buf = [0u8; 256];
+                match tokio::time::timeout(Duration::from_millis(1), s.read(&mut buf)).await {
+                    Ok(Ok(0) | Err(_)) => closed += 1,
+                    Ok(Ok(_)) => closed += 1, // an error response, then close
+                    Err(_) => {}
+                }
+            }
+            if closed == 200 {
+                return (round, closed);
+            }
+        }
+        (6, closed)
+    });
+    let ok = common::post(&gw.url("/anything"), None, "{}").send().await.unwrap();
+    assert_eq!(ok.status(), 201, "served during the attack");
+    let (rounds, closed) = drip.await.unwrap();
+    assert_eq!(closed, 200, "every slow socket was cut off");
+    assert!(rounds <= 4 && started.elapsed() < Duration::from_secs(8), "cut off at the header timeout");
+    assert_eq!(up.counts.total(), 1);
+}

@@ -140,6 +140,8 @@ pub struct ServerFile {
     pub public_base_url: Option<String>,
     /// How long a graceful shutdown waits for in-flight requests (default 30s).
     pub shutdown_timeout: Option<Dur>,
+    /// How long a client may take to send a request head (slowloris defence; default 10s).
+    pub header_read_timeout: Option<Dur>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]

@@ -33,6 +33,7 @@ pub struct Config {
     pub listen: SocketAddr,
     pub max_request_body: usize,
     pub shutdown_timeout: Duration,
+    pub header_read_timeout: Duration,
     pub store: StoreConfig,
     pub routes: Table<Arc<Route>>,
     /// `None` when no identity method is configured: every caller is anonymous.
@@ -301,6 +302,7 @@ fn resolve(file: FileConfig, text: &str, base: &std::path::Path) -> Result<Confi
                 .map_or(DEFAULT_MAX_REQUEST_BODY, |s| s.0),
         )
         .unwrap_or(usize::MAX),
+        header_read_timeout: file.server.header_read_timeout.map_or(Duration::from_secs(10), |d| d.0),
         shutdown_timeout: file
             .server
             .shutdown_timeout
