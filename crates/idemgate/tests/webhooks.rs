@@ -181,7 +181,7 @@ async fn assert_executed(r: reqwest::Response, key: &str, body_len: usize) {
     assert_eq!(h["x-subject"], "service:webhook-ingest");
 }
 
-async fn assert_replayed(r: reqwest::Response) {
+fn assert_replayed(r: reqwest::Response) {
     assert_eq!(r.status(), 201);
     assert_eq!(header(&r, "idempotent-replayed"), Some("true"));
 }
@@ -219,7 +219,7 @@ async fn stripe_deliveries_signed_by_stripe_python() {
     .await;
     // Stripe redelivers with a fresh timestamp and signature: a replay, the upstream ran once.
     let again = sdk.stripe(STRIPE_NEW, now() + 1, &body);
-    assert_replayed(s.deliver(&path, &[("stripe-signature", &again)], &body).await).await;
+    assert_replayed(s.deliver(&path, &[("stripe-signature", &again)], &body).await);
     assert_eq!(s.runs(1, "stripe", &evt), 1);
     assert_eq!(s.up.executions_ns("caller-chosen"), 0);
 
@@ -328,7 +328,7 @@ async fn github_deliveries_signed_by_octokit() {
             body.len(),
         )
         .await;
-        assert_replayed(s.deliver(&path, &headers, &body).await).await;
+        assert_replayed(s.deliver(&path, &headers, &body).await);
         assert_eq!(s.runs(n, "github", delivery), 1);
     }
     let path = format!("/hooks/github/{}", id(2));
@@ -385,7 +385,7 @@ async fn twilio_deliveries_signed_by_twilio_python() {
         form.len(),
     )
     .await;
-    assert_replayed(s.deliver(&path, &headers, &form).await).await;
+    assert_replayed(s.deliver(&path, &headers, &form).await);
     assert_eq!(s.runs(4, "twilio", &identifier), 1);
     // The same URL signed with the default port written out is accepted too.
     let with_port = sign(&format!("{}:443{path}", BASE_URL), &params);
@@ -393,7 +393,7 @@ async fn twilio_deliveries_signed_by_twilio_python() {
         ("x-twilio-signature", with_port.as_str()),
         ("content-type", "application/x-www-form-urlencoded"),
     ];
-    assert_replayed(s.deliver(&path, &headers, &form).await).await;
+    assert_replayed(s.deliver(&path, &headers, &form).await);
     // A changed parameter breaks the signature; a callback without its status is untranslatable.
     let tampered = form.replace("delivered", "failed");
     assert_refused(
@@ -430,7 +430,7 @@ async fn twilio_deliveries_signed_by_twilio_python() {
     ];
     let key = ns_key(5, "twilio_event_streams", &token);
     assert_executed(s.deliver(&path, &headers, &body).await, &key, body.len()).await;
-    assert_replayed(s.deliver(&path, &headers, &body).await).await;
+    assert_replayed(s.deliver(&path, &headers, &body).await);
     let tampered = body.replace("delivered", "failed");
     assert_refused(
         s.deliver(&path, &headers, &tampered).await,
@@ -467,7 +467,7 @@ async fn standard_webhooks_signed_by_standardwebhooks() {
         body.len(),
     )
     .await;
-    assert_replayed(s.deliver(&path, &headers, &body).await).await;
+    assert_replayed(s.deliver(&path, &headers, &body).await);
     assert_eq!(s.runs(6, "standard_webhooks", &msg), 1);
     assert_refused(s.deliver(&path, &headers, "{}").await, 401, "invalid-signature").await;
     let old = now() - 400;
@@ -523,7 +523,7 @@ async fn gitlab_shopify_and_generic_deliveries() {
         body.len(),
     )
     .await;
-    assert_replayed(s.deliver(&path, &headers, body).await).await;
+    assert_replayed(s.deliver(&path, &headers, body).await);
     let wrong = [
         ("x-gitlab-token", "glpat-hook-token-77d2"),
         ("idempotency-key", key),
@@ -531,6 +531,24 @@ async fn gitlab_shopify_and_generic_deliveries() {
     assert_refused(s.deliver(&path, &wrong, body).await, 401, "invalid-signature").await;
     let no_key = [("x-gitlab-token", GITLAB_TOKEN)];
     assert_refused(s.deliver(&path, &no_key, body).await, 400, "translation-failed").await;
+
+    // A burst of concurrent redeliveries while the first still runs: one execution, the others
+    // wait for it and replay.
+    let burst = "1b7d6e9f-2c3a-4b5d-8e6f-9a0b1c2d3e4f";
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let req = client()
+            .post(s.gw.url(&path))
+            .header("x-gitlab-token", GITLAB_TOKEN)
+            .header("idempotency-key", burst)
+            .header("x-demo-delay-ms", "300")
+            .body(body.to_owned());
+        set.spawn(async move { req.send().await.unwrap().status() });
+    }
+    while let Some(status) = set.join_next().await {
+        assert_eq!(status.unwrap(), 201);
+    }
+    assert_eq!(s.runs(8, "gitlab", burst), 1);
 
     // Shopify: base64 HMAC-SHA256 of the body; X-Shopify-Event-Id.
     let path = format!("/hooks/shopify/{}", id(7));
@@ -569,10 +587,10 @@ async fn gitlab_shopify_and_generic_deliveries() {
         body.len(),
     )
     .await;
-    assert_replayed(s.deliver(&path, &headers, body).await).await;
+    assert_replayed(s.deliver(&path, &headers, body).await);
     let moved = [("x-signature", sig.as_str()), ("x-timestamp", "1700000001")];
     assert_refused(s.deliver(&path, &moved, body).await, 401, "invalid-signature").await;
-    assert_eq!(s.total(), 3);
+    assert_eq!(s.total(), 4);
     s.assert_log_clean(&[]);
 }
 
