@@ -7,191 +7,23 @@
 //! tests sign with the gateway's own HMAC helper and always run.
 
 mod common;
+#[path = "webhooks/fixture.rs"]
+mod fixture;
 #[path = "webhook_signers/mod.rs"]
 mod signers;
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::{Gateway, Upstream, client, header, slug};
+use common::{client, slug};
+use fixture::*;
 use idemgate::config::webhooks::HmacAlgorithm;
 use idemgate::webhook::crypto::{BASE64, hmac};
-use idemgate_core::namespace::{Principal, Scope, namespaced_key};
-use serde_json::{Value, json};
+use serde_json::json;
 use signers::sdks;
 
-/// Registry ids: `wh_` + 32 lowercase hex digits.
-fn id(n: u8) -> String {
-    format!("wh_{:032x}", 0x5eed_0000_u128 + u128::from(n))
-}
-
-const STRIPE_OLD: &str = "whsec_old_7c1d2e3f4a5b6c7d8e9f";
-const STRIPE_NEW: &str = "whsec_new_0a9b8c7d6e5f4a3b2c1d";
-const GH_SECRET: &str = "gh-secret-It's a Secret to Everybody";
-const TWILIO_TOKEN: &str = "twilio-auth-token-3f9a81";
-const SW_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
-const SHOPIFY_SECRET: &str = "shpss_5e1f0c2b";
-const GITLAB_TOKEN: &str = "glpat-hook-token-77d1";
-const GENERIC_SECRET: &str = "generic-secret-a0b1";
-const BASE_URL: &str = "https://hooks.example.com";
-
-const ENV: &[(&str, &str)] = &[
-    ("WH_STRIPE_OLD", STRIPE_OLD),
-    ("WH_STRIPE_NEW", STRIPE_NEW),
-    ("WH_GITHUB", GH_SECRET),
-    ("WH_TWILIO", TWILIO_TOKEN),
-    ("WH_STANDARD", SW_SECRET),
-    ("WH_SHOPIFY", SHOPIFY_SECRET),
-    ("WH_GITLAB", GITLAB_TOKEN),
-    ("WH_GENERIC", GENERIC_SECRET),
-];
-
-fn entry(n: u8, provider: &str, secrets: &str) -> String {
-    format!(
-        "- {{id: {}, tenant: acme, project: shop, provider: {provider}, secrets_env: [{secrets}]}}\n",
-        id(n)
-    )
-}
-
-/// Every provider's entry; 2 and 3 are two GitHub hooks of one repository.
-fn registry() -> String {
-    [
-        entry(1, "stripe", "WH_STRIPE_OLD, WH_STRIPE_NEW"),
-        entry(2, "github", "WH_GITHUB"),
-        entry(3, "github", "WH_GITHUB"),
-        entry(4, "twilio", "WH_TWILIO"),
-        entry(5, "twilio_event_streams", "WH_TWILIO"),
-        entry(6, "standard_webhooks", "WH_STANDARD"),
-        entry(7, "shopify", "WH_SHOPIFY"),
-        entry(8, "gitlab", "WH_GITLAB"),
-        entry(9, "generic", "WH_GENERIC"),
-    ]
-    .concat()
-}
-
-fn route(provider: &str, extra: &str) -> String {
-    format!(
-        "  - id: {provider}\n    method: POST\n    path: /hooks/{provider}/{{webhook_id}}\n    upstream: app\n    policy: webhook\n    provider: {provider}\n{extra}"
-    )
-}
-
-fn config() -> String {
-    let mut yaml = String::from(
-        "upstreams:\n  app:\n    url: {upstream}\nwebhooks:\n  registry: webhooks.yaml\nroutes:\n",
-    );
-    for p in [
-        "stripe",
-        "github",
-        "twilio",
-        "twilio_event_streams",
-        "standard_webhooks",
-        "shopify",
-        "gitlab",
-    ] {
-        yaml.push_str(&route(p, ""));
-    }
-    yaml.push_str(&route(
-        "generic",
-        "    generic:\n      header: X-Signature\n      prefix: 'v1='\n      signed: '{header:X-Timestamp}.{body}'\n      identifier: {json_pointer: /event/id}\n",
-    ));
-    yaml
-}
-
-struct Setup {
-    up: Upstream,
-    gw: Gateway,
-}
-
-async fn start() -> Setup {
-    let up = Upstream::start().await;
-    let server = format!("  public_base_url: {BASE_URL}\n");
-    let reg = registry();
-    let gw =
-        Gateway::start_yaml_with_server(&up, &server, &config(), ENV, &[("webhooks.yaml", reg.as_bytes())])
-            .await;
-    Setup { up, gw }
-}
-
-impl Setup {
-    async fn deliver(&self, path: &str, headers: &[(&str, &str)], body: &str) -> reqwest::Response {
-        let mut req = client()
-            .post(self.gw.url(path))
-            .header("x-demo-echo-headers", "1")
-            .body(body.to_owned());
-        for (n, v) in headers {
-            req = req.header(*n, *v);
-        }
-        req.send().await.unwrap()
-    }
-
-    /// Executions of the upstream for a delivery to entry `n` (keys as the upstream receives
-    /// them).
-    fn runs(&self, n: u8, provider: &str, identifier: &str) -> u64 {
-        self.up.executions_ns(&ns_key(n, provider, identifier))
-    }
-
-    fn total(&self) -> u64 {
-        self.up.counts.total()
-    }
-
-    /// Nothing secret reached the gateway's log.
-    fn assert_log_clean(&self, also: &[&str]) {
-        let log = self.gw.log();
-        for (_, secret) in ENV {
-            assert!(!log.contains(secret), "a secret is in the log");
-        }
-        for s in also {
-            assert!(!log.contains(s), "`{s}` is in the log");
-        }
-    }
-}
-
-fn ns_key(n: u8, provider: &str, identifier: &str) -> String {
-    let p = Principal::new("acme", "shop", "service:webhook-ingest");
-    namespaced_key(
-        Scope::Subject,
-        Some(&p),
-        &format!("{}/{provider}-{identifier}", id(n)),
-    )
-    .unwrap()
-}
-
-fn now() -> i64 {
-    i64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()).unwrap()
-}
-
-fn unique(prefix: &str) -> String {
-    format!("{prefix}{:x}", idemgate_core::LeaseToken::random().0 >> 64)
-}
-
-/// A first delivery: executed, with the principal and namespaced key in the upstream's headers
-/// and the original body.
-async fn assert_executed(r: reqwest::Response, key: &str, body_len: usize) {
-    assert_eq!(r.status(), 201, "{:?}", r.text().await);
-    assert!(header(&r, "idempotent-replayed").is_none());
-    let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
-    assert_eq!(
-        v["request_bytes"], body_len,
-        "the upstream receives the original body"
-    );
-    let h = &v["headers"];
-    assert_eq!(h["idempotency-key"], key);
-    assert_eq!(h["x-tenant-id"], "acme");
-    assert_eq!(h["x-project-id"], "shop");
-    assert_eq!(h["x-subject"], "service:webhook-ingest");
-}
-
-fn assert_replayed(r: reqwest::Response) {
-    assert_eq!(r.status(), 201);
-    assert_eq!(header(&r, "idempotent-replayed"), Some("true"));
-}
-
-async fn assert_refused(r: reqwest::Response, status: u16, expected: &str) {
-    assert_eq!(r.status(), status);
-    assert_eq!(slug(r).await, expected);
-}
-
 // ---- deliveries signed by the SDKs (tests/webhook_signers) ---------------------------------
+
 #[tokio::test]
 async fn stripe_deliveries_signed_by_stripe_python() {
     let Some(sdk) = sdks("stripe_deliveries_signed_by_stripe_python") else {
@@ -638,4 +470,44 @@ async fn the_registry_reloads_without_a_restart() {
         s.gw.log().contains("not reloaded"),
         "the broken file was reported"
     );
+}
+
+#[test]
+fn a_registry_that_cannot_be_used_is_a_config_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |registry: &str| {
+        std::fs::write(dir.path().join("webhooks.yaml"), registry).unwrap();
+        let config = dir.path().join("idemgate.yaml");
+        std::fs::write(&config, config_text().replace("{upstream}", "http://127.0.0.1:9")).unwrap();
+        std::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
+            .args(["check", "--config"])
+            .arg(&config)
+            .env_clear()
+            .env("WH_GITHUB", GH_SECRET)
+            .output()
+            .unwrap()
+    };
+    let ok = check(&entry(2, "github", "WH_GITHUB"));
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    // An unset variable, and an id that is not 128 bits of hex: exit 64, naming the variable
+    // and the entry's position, never the id or a secret.
+    for (registry, expect) in [
+        (entry(2, "github", "WH_UNSET"), "WH_UNSET"),
+        (
+            format!(
+                "{}- {{id: wh_1234, tenant: a, provider: github, secrets_env: [WH_GITHUB]}}\n",
+                entry(2, "github", "WH_GITHUB")
+            ),
+            "entry 2",
+        ),
+    ] {
+        let out = check(&registry);
+        assert_eq!(out.status.code(), Some(64));
+        let err = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+        assert!(err.contains("webhooks.registry") && err.contains(expect), "{err}");
+        assert!(
+            !err.contains(&id(2)) && !err.contains("wh_1234") && !err.contains(GH_SECRET),
+            "{err}"
+        );
+    }
 }
