@@ -2,11 +2,14 @@
 --
 -- usage: wrk -t1 -c32 -d10s -s bench/idem.lua URL -- MODE KEYPREFIX [POOL]
 --
---   MODE       passthrough | miss | replay
+--   MODE       passthrough | miss | replay | mixed
 --   KEYPREFIX  miss:   a per-run nonce; every request gets a fresh key
 --                      KEYPREFIX-<thread>-<random>-<counter>
 --              replay: the pool prefix; requests cycle through KEYPREFIX0 ..
 --                      KEYPREFIX<POOL-1> (the keys bench/run.sh primed)
+--              mixed:  like miss, but 10% of the requests reuse a key this
+--                      thread first sent 64 to 1023 requests earlier (a
+--                      client retry of a completed request)
 --   POOL       replay pool size (default 1000)
 --
 -- Every key matches ^[A-Za-z0-9._~-]{1,255}$ and never starts with "t-"
@@ -39,7 +42,9 @@ local mode, key_prefix, pool, n, static_req
 local headers
 
 -- globals: read back from done() with thread:get()
-responses, non2xx, replayed, unexpected = 0, 0, 0, 0
+responses, non2xx, replayed, unexpected, retries = 0, 0, 0, 0, 0
+local RING, LAG = 1024, 64
+local ring = {}
 
 function init(args)
    mode = args[1] or "passthrough"
@@ -47,7 +52,7 @@ function init(args)
    headers = { ["Content-Type"] = "application/json" }
    if mode == "passthrough" then
       static_req = wrk.format("POST", PATH, headers, BODY)
-   elseif mode == "miss" then
+   elseif mode == "miss" or mode == "mixed" then
       -- per-thread random part so two threads (or two runs sharing a nonce)
       -- never collide; the nonce from run.sh already differs per run.
       math.randomseed(os.time() * 1000 + (id or 0) * 7919)
@@ -71,6 +76,18 @@ function request()
    if mode == "miss" then
       n = n + 1
       headers["Idempotency-Key"] = key_prefix .. n
+   elseif mode == "mixed" then
+      n = n + 1
+      local key
+      if n > LAG + 1 and math.random() < 0.1 then
+         local back = math.random(LAG, math.min(n - 1, RING - 1))
+         key = ring[(n - back) % RING]
+         retries = retries + 1
+      else
+         key = key_prefix .. n
+      end
+      ring[n % RING] = key
+      headers["Idempotency-Key"] = key
    else
       n = (n + 1) % pool
       headers["Idempotency-Key"] = key_prefix .. n
@@ -92,18 +109,25 @@ function response(status, hdrs, body)
    end
    if r then
       replayed = replayed + 1
-      if mode ~= "replay" then unexpected = unexpected + 1 end
+      if mode ~= "replay" and mode ~= "mixed" then unexpected = unexpected + 1 end
    elseif mode == "replay" then
       unexpected = unexpected + 1
    end
 end
 
 function done(summary, latency, requests)
-   local nx, rp, un = 0, 0, 0
+   local nx, rp, un, rt = 0, 0, 0, 0
    for _, t in ipairs(threads) do
       nx = nx + (t:get("non2xx") or 0)
       rp = rp + (t:get("replayed") or 0)
       un = un + (t:get("unexpected") or 0)
+      rt = rt + (t:get("retries") or 0)
+   end
+   if mode == "mixed" then
+      -- responses are not matched to requests one by one: the replay count
+      -- must equal the retry count, up to the requests still in flight at the end
+      local diff = math.abs(rp - rt)
+      if diff > summary.requests * 0.01 + 64 then un = un + diff end
    end
    local e = summary.errors
    local sock = e.connect + e.read + e.write + e.timeout
@@ -111,7 +135,7 @@ function done(summary, latency, requests)
    local rps = 0
    if secs > 0 then rps = summary.requests / secs end
    io.write(string.format(
-      "RESULT rps=%.1f p50_us=%d p99_us=%d requests=%d non2xx=%d replayed=%d unexpected=%d sock_errors=%d errors=%d\n",
+      "RESULT rps=%.1f p50_us=%d p99_us=%d requests=%d non2xx=%d replayed=%d retries=%d unexpected=%d sock_errors=%d errors=%d\n",
       rps, latency:percentile(50.0), latency:percentile(99.0), summary.requests,
-      nx, rp, un, sock, nx + un + sock))
+      nx, rp, rt, un, sock, nx + un + sock))
 end
