@@ -11,6 +11,7 @@
 //! - [`problem`]: RFC 9457 responses, the one place mapping refusals to status codes.
 //! - [`store`]: the configured store behind one enum.
 //! - [`server`]: the listener and graceful shutdown.
+//! - [`restate`]: Restate upstreams: Restate deduplicates, idemgate namespaces (SPEC 9).
 //! - [`webhook`]: case B: registry, provider signatures, delivery identifiers.
 //! - [`admin`]: the admin listener: health, readiness, metrics, stats, records.
 //! - [`access_log`]: the per-request JSON line.
@@ -27,6 +28,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod problem;
 pub mod proxy;
+pub mod restate;
 pub mod routes;
 pub mod server;
 pub mod store;

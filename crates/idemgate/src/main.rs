@@ -203,6 +203,8 @@ fn run(config: Config) -> ExitCode {
         };
         tracing::info!(listen = %config.listen, store = ?config.store.kind, "idemgate listening");
         let gateway = Arc::new(Gateway::new(config, store));
+        // SPEC 9: route retentions onto Restate services (background, retried, logged).
+        tokio::spawn(idemgate::restate::apply_retention(gateway.clone()));
         let stop = tokio_util::sync::CancellationToken::new();
         if let Some(listener) = admin {
             tokio::spawn(idemgate::admin::serve(

@@ -27,6 +27,9 @@ pub enum Kind {
     StoreUnavailable,
     UpstreamUnavailable,
     UpstreamTimeout,
+    /// A recovery request for a Restate invocation whose output was purged (410). Not in SPEC
+    /// 11's list: Restate tells "purged" apart from "unknown", and so does the client.
+    OutcomePurged,
     /// Malformed or ambiguous HTTP framing (request smuggling shapes). Not in SPEC 11's list:
     /// the contract is silent on framing errors, and a client needs a slug to match on.
     BadRequest,
@@ -52,6 +55,7 @@ impl Kind {
             Self::StoreUnavailable => "store-unavailable",
             Self::UpstreamUnavailable => "upstream-unavailable",
             Self::UpstreamTimeout => "upstream-timeout",
+            Self::OutcomePurged => "outcome-purged",
             Self::BadRequest => "bad-request",
         }
     }
@@ -71,6 +75,7 @@ impl Kind {
             Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamUnavailable => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Self::OutcomePurged => StatusCode::GONE,
         }
     }
 
@@ -93,6 +98,7 @@ impl Kind {
             Self::StoreUnavailable => "Idempotency store is unavailable",
             Self::UpstreamUnavailable => "Upstream is unavailable",
             Self::UpstreamTimeout => "Upstream timed out",
+            Self::OutcomePurged => "The outcome for this key was purged",
             Self::BadRequest => "Malformed request",
         }
     }

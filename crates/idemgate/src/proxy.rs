@@ -30,7 +30,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::access_log::AccessLog;
 use crate::body::{Body, Prefixed, Read, full, read_limited, stream};
-use crate::config::{Config, OnStoreError, PolicyKind, Route};
+use crate::config::{Config, OnStoreError, PolicyKind, Route, UpstreamKind};
 use crate::framing::Verdict;
 use crate::identity;
 use crate::metrics::Metrics;
@@ -57,7 +57,7 @@ const HOP_BY_HOP: &[&str] = &[
     "upgrade",
 ];
 
-type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
+pub(crate) type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
 
 /// The gateway: configuration, engine, upstream connection pool, and in-flight executions.
 #[derive(Debug)]
@@ -104,6 +104,11 @@ impl Gateway {
     #[must_use]
     pub fn engine(&self) -> &Engine<AnyStore> {
         &self.engine
+    }
+
+    /// The upstream connection pool (Restate's ingress and admin API use it too).
+    pub(crate) fn client(&self) -> &UpstreamClient {
+        &self.client
     }
 
     /// Executions still running (their upstream call and record update), for graceful shutdown.
@@ -209,6 +214,18 @@ impl Gateway {
         };
         let (parts, body) = req.into_parts();
         let body = self.read_body(body).await?;
+        if route.upstream.kind == UpstreamKind::Restate {
+            // SPEC 9: Restate deduplicates; see `crate::restate`.
+            let inbound = crate::restate::Inbound {
+                route,
+                parts,
+                body,
+                peer,
+                principal,
+                raw,
+            };
+            return self.restate(inbound, log).await;
+        }
         let Some(raw) = raw else {
             log.key_missing = route.policy == PolicyKind::Accepted;
             return self.forward(&route, parts, body, peer, principal.as_ref()).await;
@@ -489,7 +506,7 @@ impl Gateway {
     }
 
     /// Removes every client-sent identity header, then states the resolved principal.
-    fn set_identity_headers(&self, headers: &mut HeaderMap, principal: Option<&Principal>) {
+    pub(crate) fn set_identity_headers(&self, headers: &mut HeaderMap, principal: Option<&Principal>) {
         for name in [
             identity::TENANT_HEADER,
             identity::PROJECT_HEADER,
@@ -638,6 +655,9 @@ impl Gateway {
         route.keys.validate(raw).map_err(|e| invalid_key(&e))?;
         let key = namespace(route, principal.as_ref(), raw)?;
         log.key_digest = key_digest(&key);
+        if route.upstream.kind == UpstreamKind::Restate {
+            return self.restate_recover(route, &key, output, log).await;
+        }
         let wait = (!output).then_some(route.engine.wait_timeout);
         let found = self.engine.lookup(&key, wait).await.map_err(|e| {
             tracing::warn!(error = %e, endpoint = %route.id, "store error");
@@ -694,7 +714,7 @@ struct Call {
 }
 
 /// The case-A fingerprint: route, method, normalized path and query, body.
-fn request_fingerprint(route: &Route, parts: &http::request::Parts, body: &[u8]) -> Fingerprint {
+pub(crate) fn request_fingerprint(route: &Route, parts: &http::request::Parts, body: &[u8]) -> Fingerprint {
     let content_type = parts
         .headers
         .get(header::CONTENT_TYPE)
@@ -707,7 +727,7 @@ fn request_fingerprint(route: &Route, parts: &http::request::Parts, body: &[u8])
 }
 
 /// The namespaced key for a route and caller; a scope that needs a principal without one is 401.
-fn namespace(route: &Route, principal: Option<&Principal>, raw: &str) -> Result<String, Problem> {
+pub(crate) fn namespace(route: &Route, principal: Option<&Principal>, raw: &str) -> Result<String, Problem> {
     let scoped = principal.map(|p| match &route.project {
         Some(sentinel) => Principal {
             project: sentinel.clone(),
@@ -802,7 +822,7 @@ fn policy_name(p: PolicyKind) -> &'static str {
     }
 }
 
-fn strip_hop_by_hop(h: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
     // Headers named in Connection are hop-by-hop too.
     let named: Vec<HeaderName> = h
         .get_all(header::CONNECTION)
@@ -836,7 +856,7 @@ fn upstream_uri(base: &Uri, incoming: &Uri) -> Result<Uri, ()> {
     Uri::from_parts(parts).map_err(|_| ())
 }
 
-fn header_value(s: &str) -> HeaderValue {
+pub(crate) fn header_value(s: &str) -> HeaderValue {
     HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
 }
 

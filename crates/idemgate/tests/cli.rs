@@ -41,9 +41,13 @@ fn check_prints_the_route_table_or_exits_64() {
     assert_eq!(
         out.status.code(),
         Some(64),
-        "the full example needs features not landed yet"
+        "the full example names files that do not exist beside it"
     );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not supported yet"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("api-keys.yaml") && !err.contains("not supported yet"),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

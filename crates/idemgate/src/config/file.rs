@@ -1,37 +1,11 @@
 //! The configuration file as written (`idemgate.example.yaml`), deserialized strictly: unknown
-//! keys are errors, and keys whose feature has not landed are refused by name rather than
-//! silently ignored.
+//! keys are errors.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
-
-/// Declares a field type that refuses any value with a "not supported yet" error, so the YAML
-/// parser reports it with its line.
-macro_rules! not_yet {
-    ($name:ident, $key:literal, $what:literal) => {
-        #[derive(Debug)]
-        pub struct $name;
-        impl<'de> Deserialize<'de> for $name {
-            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                // Consume the value first so the parser reports the error at its position.
-                serde::de::IgnoredAny::deserialize(d)?;
-                Err(serde::de::Error::custom(concat!(
-                    "`",
-                    $key,
-                    "`: ",
-                    $what,
-                    " is not supported yet"
-                )))
-            }
-        }
-    };
-}
-
-not_yet!(TargetNotYet, "target", "a Restate target");
-not_yet!(AdminUrlNotYet, "admin_url", "Restate retention");
 
 /// A duration written as `250ms`, `30s`, `10m`, `24h`, `7d`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,7 +162,8 @@ pub struct UpstreamFile {
     pub kind: UpstreamKind,
     pub url: String,
     pub timeout: Option<Dur>,
-    pub admin_url: Option<AdminUrlNotYet>,
+    /// `restate` only: the Restate admin API, to apply each route's retention at start.
+    pub admin_url: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -314,7 +289,8 @@ with_settings! {
         #[serde(default)]
         pub recovery: bool,
         pub status: Option<StatusFile>,
-        pub target: Option<TargetNotYet>,
+        /// Routes to a `restate` upstream: `{Service}/{handler}`.
+        pub target: Option<String>,
         pub provider: Option<super::webhooks::Provider>,
         pub generic: Option<super::webhooks::GenericFile>,
     }

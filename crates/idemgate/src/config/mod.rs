@@ -18,7 +18,7 @@ use idemgate_core::key::KeyRules;
 use idemgate_core::namespace::Scope;
 
 use file::{ConcurrentFile, FileConfig, LeaseExpiryFile, OneOrMany, RouteFile, Settings};
-pub use file::{OnStoreError, PolicyKind, StoreKind};
+pub use file::{OnStoreError, PolicyKind, StoreKind, UpstreamKind};
 
 use crate::routes::{Methods, PathTemplate, Table};
 
@@ -103,6 +103,10 @@ pub struct Upstream {
     /// Scheme and authority, plus an optional path prefix (no trailing `/`).
     pub base: Uri,
     pub timeout: Duration,
+    /// `http` (idemgate keeps the records) or `restate` (Restate deduplicates; SPEC 9).
+    pub kind: UpstreamKind,
+    /// `restate` only: the admin API where route retentions are applied at start.
+    pub admin_url: Option<Uri>,
 }
 
 /// One resolved route: where it goes and the idempotency rules that apply to it.
@@ -128,6 +132,8 @@ pub struct Route {
     pub generic: Option<webhooks::GenericFile>,
     /// The asynchronous status probe (SPEC 8).
     pub status: Option<file::StatusFile>,
+    /// Routes to a `restate` upstream: the Restate service and handler (SPEC 9).
+    pub target: Option<crate::restate::Target>,
 }
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -258,18 +264,26 @@ fn resolve(file: FileConfig, text: &str, base: &std::path::Path) -> Result<Confi
     let store = resolve_store(&file.store)?;
     let mut upstreams = HashMap::new();
     for (name, up) in &file.upstreams {
-        if up.kind == file::UpstreamKind::Restate {
-            return Err(ConfigError(format!(
-                "upstreams.{name}.kind: `restate` upstreams are not supported yet"
-            )));
-        }
         let base = parse_base(&up.url).map_err(|why| ConfigError(format!("upstreams.{name}.url: {why}")))?;
+        let admin_url = match (&up.admin_url, up.kind) {
+            (None, _) => None,
+            (Some(url), UpstreamKind::Restate) => Some(
+                parse_base(url).map_err(|why| ConfigError(format!("upstreams.{name}.admin_url: {why}")))?,
+            ),
+            (Some(_), UpstreamKind::Http) => {
+                return Err(ConfigError(format!(
+                    "upstreams.{name}.admin_url: only `kind: restate` upstreams take an admin_url"
+                )));
+            }
+        };
         upstreams.insert(
             name.clone(),
             Arc::new(Upstream {
                 name: name.clone(),
                 base,
                 timeout: up.timeout.map_or(DEFAULT_UPSTREAM_TIMEOUT, |d| d.0),
+                kind: up.kind,
+                admin_url,
             }),
         );
     }
@@ -494,6 +508,7 @@ fn resolve_route(
     } else if rf.provider.is_some() || rf.generic.is_some() {
         return Err(("provider", "only `policy: webhook` routes take a provider".into()));
     }
+    let target = crate::restate::check_route(rf, &upstream)?;
     if let Some(p) = &rf.project {
         if p != idemgate_core::namespace::PROJECT_TENANT && p != idemgate_core::namespace::PROJECT_PLATFORM {
             return Err(("project", format!("`{p}` must be `_tenant` or `_platform`")));
@@ -570,6 +585,7 @@ fn resolve_route(
         provider: rf.provider,
         generic: rf.generic.clone(),
         status: rf.status.clone(),
+        target,
     })
 }
 

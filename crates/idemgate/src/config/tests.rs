@@ -85,16 +85,29 @@ fn unlanded_features_are_refused_not_ignored() {
         "policy: accepted",
         "policy: accepted\n    status: {resource_id: /id, probe: http://x}",
     ));
-    assert!(e.contains("status") && e.contains("not supported yet"), "{e}");
+    // The status probe landed (SPEC 8): a probe URL without `{resource_id}` is refused.
+    assert!(e.contains("status.probe") && e.contains("{resource_id}"), "{e}");
+    // Restate upstreams landed (issue 7): a route to one needs a target, and only they take one.
     let e = err(&MINIMAL.replace("    timeout: 250ms", "    kind: restate"));
-    assert!(e.contains("restate") && e.contains("not supported yet"), "{e}");
+    assert!(e.contains(".target") && e.contains("Service/handler"), "{e}");
+    let e = err(&MINIMAL.replace("    timeout: 250ms", "    admin_url: http://127.0.0.1:9070"));
+    assert!(e.contains("admin_url") && e.contains("kind: restate"), "{e}");
+    let e = err(&MINIMAL.replace("policy: accepted", "policy: accepted\n    target: Svc/h"));
+    assert!(
+        e.contains("target") && e.contains("only routes to a `kind: restate`"),
+        "{e}"
+    );
 }
 
 #[test]
-fn the_example_file_is_refused_only_for_unlanded_features() {
+fn the_example_file_is_refused_only_for_its_missing_files() {
+    // Every feature of the example has landed; what is missing next to it is its key file.
     let example = include_str!("../../../../../shared/idemgate.example.yaml");
     let e = err(example);
-    assert!(e.contains("not supported yet"), "{e}");
+    assert!(
+        e.contains("api-keys.yaml") && !e.contains("not supported yet"),
+        "{e}"
+    );
 }
 
 #[test]
