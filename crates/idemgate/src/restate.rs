@@ -10,8 +10,9 @@
 //!   Response headers: `x-restate-id` becomes `x-operation-id`, other `x-restate-*` are dropped,
 //!   `idempotency-expires` is passed on. No local record of the response.
 //! - [`Gateway::restate_recover`]: `GET .../by-idempotency-key/{key}[/output]` becomes
-//!   `/restate/invocation/{Service}/{handler}/{namespaced}/attach` (or `/output`), in the caller's
-//!   own namespace, with Restate's answers mapped to the contract (470 not ready → 202).
+//!   `/restate/invocation/{Service}/{handler}/{namespaced}/output`, then `/attach` (bounded by
+//!   `wait_timeout`) while the invocation runs, in the caller's own namespace, with Restate's
+//!   answers mapped to the contract (470 not ready → 202, unknown → 404).
 //! - [`apply_retention`]: with `admin_url`, each route's `retention` is written to its Restate
 //!   service at start (`PATCH /services/{service}`), retried until Restate knows the service.
 //!
@@ -41,7 +42,8 @@ use crate::config::file::RouteFile;
 use crate::config::{PolicyKind, Route, Upstream, UpstreamKind};
 use crate::problem::{Kind, Problem};
 use crate::proxy::{
-    Gateway, IDEMPOTENCY_STATUS, OPERATION_ID, header_value, namespace, request_fingerprint, strip_hop_by_hop,
+    Gateway, IDEMPOTENCY_EXPIRES, IDEMPOTENCY_STATUS, OPERATION_ID, header_value, namespace,
+    request_fingerprint, strip_hop_by_hop,
 };
 
 /// The request header Restate's ingress deduplicates on.
@@ -178,6 +180,10 @@ impl Gateway {
             HeaderName::from_static("x-forwarded-for"),
             header_value(&peer.ip().to_string()),
         );
+        headers.insert(
+            HeaderName::from_static("x-forwarded-proto"),
+            HeaderValue::from_static("http"),
+        );
         if let Some(key) = &key {
             headers.insert(RESTATE_KEY, header_value(key));
         }
@@ -191,6 +197,14 @@ impl Gateway {
         client_headers(&mut head.headers);
         if let Some(op) = head.headers.get(OPERATION_ID).and_then(|v| v.to_str().ok()) {
             log.operation_id = op.to_owned();
+        }
+        // Restate sends `idempotency-expires` only when it answers from a completed invocation
+        // of the key (not on the first execution): that is a replay in SPEC 4's sense.
+        if key.is_some() && head.headers.contains_key(IDEMPOTENCY_EXPIRES) {
+            head.headers
+                .insert(route.replayed_header.clone(), HeaderValue::from_static("true"));
+            log.cache_hit = true;
+            log.outcome = "replayed";
         }
         Ok(Response::from_parts(head, stream(body)))
     }

@@ -311,6 +311,16 @@ impl T<'_> {
             std::fs::read_to_string(self.service_log).unwrap_or_default()
         );
         let (op, first) = &seen[0];
+        let fresh_key = common::key("fresh");
+        let fresh_body = serde_json::json!({"name": fresh_key});
+        let fresh = self.post("/api/v1/checkout", "k-alice", Some(&fresh_key), &fresh_body);
+        let fresh = fresh.send().await.unwrap();
+        assert_eq!(fresh.status(), 200);
+        assert_eq!(
+            common::header(&fresh, "idempotent-replayed"),
+            None,
+            "a first execution"
+        );
         assert!(op.starts_with("inv_"), "{op}");
         assert_eq!(first["tenant"], "acme");
 
@@ -322,6 +332,7 @@ impl T<'_> {
         assert_eq!(replay.status(), 200);
         assert_no_restate(&replay);
         assert_eq!(common::header(&replay, "x-operation-id"), Some(op.as_str()));
+        assert_eq!(common::header(&replay, "idempotent-replayed"), Some("true"));
         let expires = common::header(&replay, "idempotency-expires").expect("Idempotency-Expires");
         assert!(humantime::parse_rfc3339_weak(&expires[..19]).is_ok(), "{expires}");
         assert_eq!(&json(replay).await, first);
