@@ -195,6 +195,17 @@ impl PostgresStore {
         if pg.get_connect_timeout().is_none() {
             pg.connect_timeout(config.timeout);
         }
+        // The server gives up on a statement when the gateway does, so a call cut off by the
+        // timeout does not keep holding locks (unless the URL's options say otherwise).
+        let options = pg.get_options().unwrap_or_default().to_owned();
+        if !options.contains("statement_timeout") {
+            let ms = config.timeout.as_millis().max(1);
+            pg.options(
+                format!("{options} -c statement_timeout={ms}")
+                    .trim_start()
+                    .to_owned(),
+            );
+        }
         let notifier = Arc::new(Notifier::default());
         let listener = tokio::spawn(listener::run(pg.clone(), notifier.clone(), config.timeout));
         let manager = Manager::from_config(
@@ -389,8 +400,12 @@ impl PostgresStore {
     }
 }
 
-/// A `tokio_postgres` error as a store error (keeping it as the source).
+/// A `tokio_postgres` error as a store error (keeping it as the source). A statement the
+/// server cancelled at `statement_timeout` is the same bound as ours: a timeout.
 fn pg(e: tokio_postgres::Error) -> StoreError {
+    if e.code() == Some(&SqlState::QUERY_CANCELED) {
+        return StoreError::Timeout;
+    }
     StoreError::backend(e)
 }
 
