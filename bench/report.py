@@ -11,6 +11,7 @@ Result lines ('|'-separated, first field the kind), as bench/run.sh writes them:
     storm|target|n|ok|fresh|replayed|non2xx|sock_errors|p50_us|p99_us|max_us|executions|delay_ms|foreign|statuses
     rate|store|target|rate|rps|p50_us|p90_us|p99_us|p999_us|max_us|errors|foreign
     rt|target|round_trips_per_miss|round_trips_per_replay
+    prof|scenario|target|samples|pct|dso|symbol
     growth|target|level|records|rps|p50_us|rss_kb|p99_us|errors|foreign
     growth-skip|target|level|why
 """
@@ -61,6 +62,8 @@ def load(results, meta):
             k, v = line.rstrip("\n").split("=", 1)
             m[k] = v
     rows, storms, rates, rts, growth, gskip = {}, [], [], {}, [], []
+    global PROFILES
+    PROFILES = {}
     for line in open(results, encoding="utf-8"):
         f = line.rstrip("\n").split("|")
         kind = f[0]
@@ -83,6 +86,8 @@ def load(results, meta):
             growth.append(dict(target=f[1], level=int(num(f[2])), records=int(num(f[3])), rps=num(f[4]),
                                p50=num(f[5]), rss=num(f[6]), p99=num(f[7]), errors=int(num(f[8])),
                                foreign=num(f[9])))
+        elif kind == "prof":
+            PROFILES.setdefault((f[1], f[2]), dict(samples=f[3], top=[]))["top"].append((f[4], f[5], f[6]))
         elif kind == "growth-skip":
             gskip.append(dict(target=f[1], level=int(num(f[2])), why=f[3]))
     return m, rows, storms, rates, rts, growth, gskip
@@ -140,6 +145,8 @@ def main():
     if m.get("bin"):
         w(f"- idemgate binary: `{m['bin']}` (built {m.get('binmtime', '?')}), `IDEMGATE_LOG={m.get('gwlog', '?')}`"
           + (" (no access log, like nginx `access_log off`)" if m.get("gwlog") == "warn" else ""))
+    if m.get("preload"):
+        w(f"- **experiment:** the gateway ran with `LD_PRELOAD={m['preload']}` (not the shipped allocator)")
     if m.get("redis"):
         w(f"- Redis: {m['redis']} (`{m.get('redis_url', '')}`, keys of this run removed afterwards)")
     if m.get("postgres"):
@@ -299,6 +306,21 @@ def main():
         for s in gskip:
             w("")
             w(f"Not measured: {s['target']} at {fmt_int(s['level'])} records: {s['why']}.")
+        w("")
+
+    # ------------------------------------------------------------ profiles
+    if PROFILES:
+        w("### Where the gateway's time goes")
+        w("")
+        w("A flat `perf record -F 999 -p <gateway>` during the discarded warm-up of each idemgate row (never "
+          "during a measured run): the symbols with the most self time, kernel (`[k]`) and user space. "
+          "Samples = how many the warm-up produced (about 999 per busy second).")
+        w("")
+        w("| scenario | target | samples | top symbols (self time) |")
+        w("|---|---|---:|---|")
+        for (sc, t), pr in PROFILES.items():
+            tops = "; ".join(f"{pct} `{sym.replace('`', '')}`" for pct, _dso, sym in pr["top"][:8])
+            w(f"| {sc} | {t} | {pr['samples']} | {tops} |")
         w("")
 
     # ------------------------------------------------------------ targets

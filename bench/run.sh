@@ -52,6 +52,8 @@ LOADGEN_CPUS="${BENCH_LOADGEN_CPUS:-0}"             # wrk / idemgate-bench
 SUT_CPUS="${BENCH_SUT_CPUS:-1}"                     # the proxy under test (nginx, node or idemgate)
 UPSTREAM_CPUS="${BENCH_UPSTREAM_CPUS:-$LOADGEN_CPUS}" # the static upstream
 PIN="${BENCH_PIN:-1}"                               # 0: no taskset at all
+GW_PRELOAD="${BENCH_IDEMGATE_PRELOAD:-}"             # e.g. a jemalloc .so, for allocator experiments
+PROFILE="${BENCH_PROFILE:-auto}"                    # perf profile of idemgate during warm-ups
 GW_LOG="${BENCH_IDEMGATE_LOG:-warn}" # idemgate log filter; warn = no per-request access log (nginx: access_log off)
 export IDEMGATE_LOG="$GW_LOG" RUST_LOG="$GW_LOG"
 
@@ -235,6 +237,11 @@ if ((${#need_apt[@]})); then
   fi
 fi
 NGINX="$(command -v nginx || echo /usr/sbin/nginx)"
+
+if [[ "$PROFILE" == auto ]]; then
+  PROFILE=0
+  if command -v perf >/dev/null 2>&1 && { [[ $EUID -eq 0 ]] || (( $(cat /proc/sys/kernel/perf_event_paranoid 2>/dev/null || echo 3) <= 1 )); }; then PROFILE=1; fi
+fi
 
 NCPU="$(nproc)"
 if (( NCPU < 2 )) || [[ "$PIN" != 1 ]]; then
@@ -464,7 +471,17 @@ bench_row() {
   local scenario="$1" target="$2" port="$3" mode="$4" pid="$5" prefix="${6:-}"
   local i line rss runs="$WORK/runs.txt"
   log "$scenario / $target: warm-up $WARMUP"
+  local perf_pid="" pdata="$WORK/perf-$scenario-${target//[^a-z]/_}.data"
+  if [[ "$PROFILE" == 1 && "$target" == idemgate* && "$mode" != mixed ]]; then
+    # flat profile of the gateway during the discarded warm-up (never during a measured run)
+    timeout -s KILL $((WARM_S + 20)) perf record -q -F 999 -p "$pid" -o "$pdata" -- sleep "$WARM_S" >/dev/null 2>&1 &
+    perf_pid=$!; PIDS+=("$perf_pid")
+  fi
   case "$mode" in miss|mixed) run_wrk "$port" "$mode" "$(keyp w)" "$WARMUP" ;; *) run_wrk "$port" "$mode" "$prefix" "$WARMUP" ;; esac
+  if [[ -n "$perf_pid" ]]; then
+    wait "$perf_pid" 2>/dev/null || true; forget_pid "$perf_pid"
+    profile_summary "$scenario" "$target" "$pdata"
+  fi
   : >"$runs"
   for ((i = 1; i <= REPEAT; i++)); do
     log "$scenario / $target: measuring $DURATION (run $i/$REPEAT)"
@@ -491,6 +508,21 @@ bench_row() {
         r["foreign"], rps[idx[1]], rps[idx[n]]
     }' "$runs" >>"$RESULTS"
   LAST_RPS="$(awk -F'|' -v s="$scenario" -v t="$target" '$1 == "row" && $2 == s && $3 == t { v = $4 } END { print v + 0 }' "$RESULTS")"
+}
+
+# profile_summary SCENARIO TARGET PERF.DATA: the top symbols by self time -> prof|... lines
+profile_summary() {
+  local samples
+  [[ -s "$3" ]] || return 0
+  samples="$(timeout 60 perf report -i "$3" --stdio --no-children --sort symbol 2>/dev/null \
+             | awk '/^# Samples:/ && !n { n = $3 } END { print n }' || true)"
+  timeout 60 perf report -i "$3" --stdio --no-children --sort dso,symbol --percent-limit 1 2>/dev/null \
+    | awk -v s="$1" -v t="$2" -v n="${samples:-?}" '
+        /^#/ || NF < 4 { next }
+        { pct = $1; dso = $2; $1 = ""; $2 = ""; $3 = ""; sym = $0; gsub(/^ +| +$/, "", sym); gsub(/\|/, "/", sym)
+          gsub(/ +- +- *$/, "", sym); if (length(sym) > 90) sym = substr(sym, 1, 87) "..."
+          if (++k <= 10) printf "prof|%s|%s|%s|%s|%s|%s\n", s, t, n, pct, dso, sym }' >>"$RESULTS" || true
+  rm -f "$3"
 }
 
 # ---------------------------------------------------------------- dedup helpers
@@ -596,7 +628,7 @@ start_gateway() { # STORE -> GW_PID
   local store="$1" dir="$WORK/gw-$1-$(nonce)"
   mkdir -p "$dir"
   gw_config "$store" "$dir"
-  start_bg "idemgate-$store" "$SUT_CPUS" "$dir" "$IDEMGATE" serve --config "$dir/idemgate.yaml"
+  start_bg "idemgate-$store" "$SUT_CPUS" "$dir" env ${GW_PRELOAD:+LD_PRELOAD="$GW_PRELOAD"} "$IDEMGATE" serve --config "$dir/idemgate.yaml"
   GW_PID=$LAST_PID
   GW_DIR="$dir"
   wait_http "idemgate ($store)" "$GW_PID" $GW_PORT
@@ -719,7 +751,9 @@ for peer in $NODE_PEERS; do
 done
 
 # idemgate, one store at a time
-for store in ${STORES//,/ }; do
+PER_STORE=""
+for s in passthrough miss replay mixed storm rate; do if has "$SCENARIOS" "$s"; then PER_STORE=1; fi; done
+for store in ${PER_STORE:+${STORES//,/ }}; do
   target="idemgate ($store)"
   start_gateway "$store"
   saved=("${OWN_PIDS[@]}"); sp="$(store_pids "$store")"; if [[ -n "$sp" ]]; then OWN_PIDS+=("$sp"); fi
@@ -823,7 +857,8 @@ cmd="bench/run.sh"
 for v in BENCH_QUICK BENCH_STORES BENCH_SCENARIOS BENCH_PEERS BENCH_PEERS_ONLY BENCH_DURATION BENCH_WARMUP BENCH_RATE_DURATION \
          BENCH_RATE_FRACTION BENCH_CONNECTIONS BENCH_REPEAT BENCH_GROWTH BENCH_GROWTH_STORES BENCH_GROWTH_DURATION \
          BENCH_GROWTH_BUDGET BENCH_STORM_N BENCH_STORM_DELAY_MS BENCH_REDIS_URL BENCH_PG_URL BENCH_PIN BENCH_LOADGEN_CPUS \
-         BENCH_UPSTREAM_CPUS BENCH_SUT_CPUS BENCH_NOISE_PCT BENCH_IDEMGATE_LOG IDEMGATE_BIN CARGO_TARGET_DIR; do
+         BENCH_UPSTREAM_CPUS BENCH_SUT_CPUS BENCH_NOISE_PCT BENCH_IDEMGATE_LOG BENCH_IDEMGATE_PRELOAD BENCH_PROFILE \
+         BENCH_NODE_DIR IDEMGATE_BIN CARGO_TARGET_DIR; do
   if [[ -n "${!v:-}" ]]; then cmd="$v=${!v} $cmd"; fi
 done
 meta date "$(date -u '+%Y-%m-%d %H:%M UTC')"
@@ -840,6 +875,7 @@ meta lcpu "${LOADGEN_CPUS:-unpinned}"; meta scpu "${SUT_CPUS:-unpinned}"; meta u
 meta noise "$NOISE_PCT"; meta idle "$IDLE_LOAD"; meta gwlog "$GW_LOG"; meta elapsed "$ELAPSED"
 meta stores "$STORES"; meta scenarios "$SCENARIOS"; meta peers "$PEERS"
 meta bin "${IDEMGATE:-}"
+meta preload "$GW_PRELOAD"
 meta binmtime "$( [[ -n "${IDEMGATE:-}" ]] && date -u -r "$IDEMGATE" '+%Y-%m-%d %H:%M UTC' || true)"
 meta redis "${REDIS_CONF:-}"; meta redis_url "$REDIS_URL"
 meta postgres "${PG_CONF:-}"; meta pg_url "$PG_URL"
