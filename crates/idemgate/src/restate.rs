@@ -168,9 +168,13 @@ impl Gateway {
         let mut headers = parts.headers;
         strip_hop_by_hop(&mut headers);
         self.set_identity_headers(&mut headers, principal.as_ref());
-        // The client's own key header and anything addressed to Restate itself never reach the
-        // ingress: Restate would deduplicate on a raw, un-namespaced key (across tenants).
-        headers.remove(&route.header);
+        // The raw key (replaced by the namespaced one below), any client-sent `idempotency-key`
+        // (even on a `handler_internal` route, whose header is otherwise left alone) and
+        // anything addressed to Restate itself never reach the ingress: Restate would
+        // deduplicate on a raw, un-namespaced key, across tenants.
+        if key.is_some() {
+            headers.remove(&route.header);
+        }
         headers.remove(RESTATE_KEY);
         drop_restate_headers(&mut headers);
         if let Some(host) = headers.remove(header::HOST) {

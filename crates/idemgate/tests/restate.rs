@@ -179,6 +179,12 @@ routes:
     target: Checkout/fail
     policy: required
     retention: 48h
+  - id: internal
+    method: POST
+    path: /api/v1/internal
+    upstream: checkout
+    target: Checkout/create
+    policy: handler_internal
   - id: slow
     method: POST
     path: /api/v1/slow
@@ -553,6 +559,20 @@ impl T<'_> {
             .unwrap();
         assert_eq!(common::slug(r).await, "unauthenticated");
         assert_eq!(self.executions("create", "no-key"), 0);
+        // `handler_internal`: the client's Idempotency-Key is not idemgate's to read, and it
+        // must not become Restate's either (Restate would deduplicate it across tenants).
+        let k = common::key("internal");
+        let body = serde_json::json!({"name": k});
+        for api_key in ["k-alice", "k-carol"] {
+            let r = self
+                .post("/api/v1/internal", api_key, Some(&k), &body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+        }
+        assert_eq!(self.executions("create", &k), 2, "no raw key reached Restate");
+        eprintln!("restate: policies refuse before Restate; handler_internal keys never reach it");
     }
 }
 
