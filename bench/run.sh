@@ -806,10 +806,10 @@ if has "$SCENARIOS" growth && [[ -n "$STORES" ]]; then
           break
         fi
         # never push the machine (shared) into swap or the OOM killer: project RSS from the
-        # last fill's bytes per record, allow at most 60% of MemAvailable
+        # last fill's bytes per record, allow at most 40% of MemAvailable
         avail="$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)"
-        if [[ -n "${PER_REC_B:-}" ]] && (( $(awk -v a="$add" -v p="$PER_REC_B" -v m="$avail" 'BEGIN { print (a * p / 1024 > 0.6 * m) }') )); then
-          why="at the measured $(printf '%.0f' "$PER_REC_B") B per record the gateway would need about $(awk -v a="$add" -v p="$PER_REC_B" 'BEGIN { printf "%.1f", a * p / 1073741824 }') GiB more, over 60% of the machine's available memory ($(awk -v m="$avail" 'BEGIN { printf "%.1f", m / 1048576 }') GiB)"
+        if [[ -n "${PER_REC_B:-}" ]] && (( $(awk -v a="$add" -v p="$PER_REC_B" -v m="$avail" 'BEGIN { print (a * p / 1024 > 0.4 * m) }') )); then
+          why="at the measured $(printf '%.0f' "$PER_REC_B") B per record the gateway would need about $(awk -v a="$add" -v p="$PER_REC_B" 'BEGIN { printf "%.1f", a * p / 1073741824 }') GiB more, over 40% of the machine's available memory ($(awk -v m="$avail" 'BEGIN { printf "%.1f", m / 1048576 }') GiB)"
           log "growth / $target: $lv skipped: $why"
           echo "growth-skip|$target|$level|$why" >>"$RESULTS"
           break
