@@ -72,8 +72,15 @@ async fn oversized_headers_are_431() {
     let up = Upstream::start().await;
     let gw = Gateway::start(&up, "memory", "").await;
     let big = "x".repeat(100 * 1024);
-    let resp = raw(&gw, &format!("POST /anything HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\nContent-Length: 0\r\n\r\n"));
-    assert!(resp.starts_with("HTTP/1.1 431"), "{}", &resp[..resp.len().min(200)]);
+    let resp = raw(
+        &gw,
+        &format!("POST /anything HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\nContent-Length: 0\r\n\r\n"),
+    );
+    assert!(
+        resp.starts_with("HTTP/1.1 431"),
+        "{}",
+        &resp[..resp.len().min(200)]
+    );
     assert_eq!(up.counts.total(), 0);
 }
 
@@ -113,10 +120,16 @@ async fn slowloris_is_cut_off_while_normal_requests_are_served() {
         }
         (6, closed)
     });
-    let ok = common::post(&gw.url("/anything"), None, "{}").send().await.unwrap();
+    let ok = common::post(&gw.url("/anything"), None, "{}")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(ok.status(), 201, "served during the attack");
     let (rounds, closed) = drip.await.unwrap();
     assert_eq!(closed, 200, "every slow socket was cut off");
-    assert!(rounds <= 4 && started.elapsed() < Duration::from_secs(8), "cut off at the header timeout");
+    assert!(
+        rounds <= 4 && started.elapsed() < Duration::from_secs(8),
+        "cut off at the header timeout"
+    );
     assert_eq!(up.counts.total(), 1);
 }

@@ -392,7 +392,12 @@ async fn hop_by_hop_headers_are_not_forwarded() {
         .await
         .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
-    let seen: Vec<&str> = v["headers"].as_object().unwrap().keys().map(String::as_str).collect();
+    let seen: Vec<&str> = v["headers"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
     for hop in ["x-private-hop", "keep-alive", "te", "proxy-authorization"] {
         assert!(!seen.contains(&hop), "{hop} was forwarded: {seen:?}");
     }

@@ -316,7 +316,10 @@ fn resolve(file: FileConfig, text: &str, base: &std::path::Path) -> Result<Confi
                 .map_or(DEFAULT_MAX_REQUEST_BODY, |s| s.0),
         )
         .unwrap_or(usize::MAX),
-        header_read_timeout: file.server.header_read_timeout.map_or(Duration::from_secs(10), |d| d.0),
+        header_read_timeout: file
+            .server
+            .header_read_timeout
+            .map_or(Duration::from_secs(10), |d| d.0),
         shutdown_timeout: file
             .server
             .shutdown_timeout
