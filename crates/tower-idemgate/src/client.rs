@@ -97,6 +97,9 @@ pub enum ClientError {
     /// The request could not be built.
     #[error("the request could not be built")]
     Build(#[source] reqwest::Error),
+    /// The key is not a valid header value (keys must be visible ASCII).
+    #[error("the idempotency key is not a valid header value")]
+    InvalidKey,
     /// The body is a stream and cannot be sent twice; buffer it to make it retryable.
     #[error("the request body cannot be cloned for a retry")]
     NotRetryable,
@@ -179,7 +182,7 @@ impl IdempotentClient {
     /// See [`ClientError`]. A response of any status is `Ok`.
     pub async fn send_with_key(&self, key: &str, request: RequestBuilder) -> Result<Response, ClientError> {
         let mut request = request.build().map_err(ClientError::Build)?;
-        let value = http::HeaderValue::from_str(key).map_err(|_| ClientError::NotRetryable)?;
+        let value = http::HeaderValue::from_str(key).map_err(|_| ClientError::InvalidKey)?;
         request.headers_mut().insert(self.header.clone(), value);
         let attempts = self.retry.max_attempts.max(1);
         for attempt in 1..=attempts {

@@ -17,6 +17,30 @@
 //! `Arc<dyn idemgate_core::DynStore>`.
 //!
 //! `docs/library.md` in the repository records the decisions behind this crate.
+//!
+//! On a whole axum router (`Router::layer`), for anonymous callers:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use axum::{Router, routing::post};
+//! use idemgate_core::MemoryStore;
+//! use tower::ServiceExt;
+//! use tower_idemgate::{IdempotencyLayer, Scope};
+//!
+//! # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
+//! let store = Arc::new(MemoryStore::new(64 << 20));
+//! let app = Router::new()
+//!     .route("/orders", post(|body: String| async move { format!("created from {body}") }))
+//!     .layer(IdempotencyLayer::new(store).scope(Scope::Global));
+//! let req = || {
+//!     http::Request::post("/orders").header("idempotency-key", "k").body(axum::body::Body::from("a")).unwrap()
+//! };
+//! let first = app.clone().oneshot(req()).await.unwrap();
+//! assert!(first.headers().contains_key("x-operation-id"));
+//! let replay = app.oneshot(req()).await.unwrap();
+//! assert_eq!(replay.headers()["idempotent-replayed"], "true");
+//! # });
+//! ```
 
 #![warn(missing_docs)]
 
