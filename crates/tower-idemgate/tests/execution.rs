@@ -233,3 +233,74 @@ async fn a_task_tracker_lets_shutdown_wait_for_executions() {
         .unwrap();
     assert!(matches!(record.state, RecordState::Completed { .. }));
 }
+
+/// A body that yields one chunk, then fails.
+struct BrokenBody(u8);
+
+impl http_body::Body for BrokenBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        self.0 += 1;
+        Poll::Ready(Some(match self.0 {
+            1 => Ok(Frame::data(Bytes::from("partial"))),
+            _ => Err(std::io::Error::other("the handler's body broke off")),
+        }))
+    }
+}
+
+/// A response body that breaks off mid-way: the client's response breaks too, the key is
+/// released, and a retry runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_body_releases_the_key() {
+    let store = Arc::new(MemoryStore::new(1 << 20));
+    let calls = Arc::new(common::Counter::default());
+    let seen = calls.clone();
+    let handler = move || {
+        let n = seen.bump();
+        async move {
+            let body = if n == 1 {
+                Body::new(BrokenBody(0))
+            } else {
+                Body::from("whole")
+            };
+            Response::builder().status(201).body(body).unwrap()
+        }
+    };
+    let router = Router::new()
+        .route("/orders", post(handler))
+        .route_layer(IdempotencyLayer::new(store.clone()).scope(Scope::Global));
+    let url = format!("http://{}/orders", serve(router).await);
+    let raw = common::key("broken");
+    // The break reaches the client while it reads the body or, when hyper had not flushed the
+    // head yet, as an incomplete message; either way after the key was released.
+    let broke = match http()
+        .post(&url)
+        .header("idempotency-key", &raw)
+        .body("{}")
+        .send()
+        .await
+    {
+        Err(_) => true,
+        Ok(resp) => resp.bytes().await.is_err(),
+    };
+    assert!(broke, "the client sees the break");
+    let engine = Engine::new(store);
+    assert!(matches!(
+        engine.lookup(&global_key(&raw), None).await.unwrap(),
+        Lookup::Unknown
+    ));
+    let retry = http()
+        .post(&url)
+        .header("idempotency-key", &raw)
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert!(!retry.headers().contains_key("idempotent-replayed"));
+    assert_eq!(retry.text().await.unwrap(), "whole");
+    assert_eq!(calls.get(), 2);
+}
