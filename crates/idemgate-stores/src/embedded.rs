@@ -55,6 +55,23 @@ impl std::fmt::Debug for EmbeddedStore {
     }
 }
 
+impl Op {
+    /// Whether the batch holding this operation must reach the disk before it is answered.
+    ///
+    /// A completed outcome, a release, a purge, and a reservation that may never be taken over
+    /// (`on_lease_expiry: fail`) must survive a crash. A reservation that may be taken over need
+    /// not: if a crash loses it, the key is free at restart, which is exactly what its lease
+    /// expiry would have allowed (the crash point SPEC 4 already names). Renewals and sweeps are
+    /// rewritten or redone anyway. So the common miss (begin, complete) costs one fsync, not two.
+    fn needs_durability(&self) -> bool {
+        match self {
+            Op::Begin(_, owned, _) => !owned.takeover,
+            Op::Complete { .. } | Op::Release(..) | Op::Purge(..) => true,
+            Op::Renew(..) | Op::Sweep(..) => false,
+        }
+    }
+}
+
 enum Op {
     Begin(String, OwnedBegin, oneshot::Sender<Result<Begin, StoreError>>),
     Complete {
@@ -148,10 +165,16 @@ impl EmbeddedStore {
         })
     }
 
-    /// Durable commits so far (each carries a batch of operations).
+    /// Commits so far (each carries a batch of operations).
     #[must_use]
     pub fn commits(&self) -> u64 {
-        self.commits.load(Ordering::Relaxed)
+        self.commits.load(Ordering::Relaxed) & 0xffff_ffff
+    }
+
+    /// Commits so far that waited for the disk (fsync).
+    #[must_use]
+    pub fn durable_commits(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed) >> 32
     }
 
     /// Deletes records expired at `now`, at most one batch; returns how many.
@@ -340,10 +363,14 @@ fn writer(db: &Database, mut rx: mpsc::UnboundedReceiver<Op>, notifier: &Notifie
             }
         }
         let mut replies = Vec::with_capacity(batch.len());
-        let committed = apply_batch(db, batch.drain(..), &mut replies);
+        let durable = batch.iter().any(Op::needs_durability);
+        let committed = apply_batch(db, batch.drain(..), durable, &mut replies);
         match committed {
             Ok(()) => {
                 commits.fetch_add(1, Ordering::Relaxed);
+                if durable {
+                    commits.fetch_add(1 << 32, Ordering::Relaxed);
+                }
                 replies.into_iter().for_each(|r| r.send(notifier));
             }
             Err(e) => {
@@ -358,9 +385,15 @@ fn writer(db: &Database, mut rx: mpsc::UnboundedReceiver<Op>, notifier: &Notifie
 fn apply_batch(
     db: &Database,
     ops: impl Iterator<Item = Op>,
+    durable: bool,
     replies: &mut Vec<Reply>,
 ) -> Result<(), redb::Error> {
-    let txn = db.begin_write()?;
+    let mut txn = db.begin_write()?;
+    if !durable {
+        // Persisted by the next durable commit; see `Op::needs_durability`.
+        txn.set_durability(redb::Durability::None)
+            .map_err(|e| redb::Error::Io(std::io::Error::other(e.to_string())))?;
+    }
     {
         let mut records = txn.open_table(RECORDS)?;
         let mut expiry = txn.open_table(EXPIRY)?;
@@ -536,6 +569,39 @@ mod tests {
         assert!(
             commits < 200,
             "200 durable begins took {commits} commits: no group commit"
+        );
+    }
+
+    #[tokio::test]
+    async fn only_outcomes_and_untakeable_reservations_wait_for_the_disk() {
+        let (_dir, store) = open();
+        let before = store.durable_commits();
+        let token = LeaseToken::random();
+        store.begin("a", &req(token, 0)).await.unwrap();
+        store.renew("a", token, 500).await.unwrap();
+        assert_eq!(
+            store.durable_commits(),
+            before,
+            "a takeable reservation needs no fsync"
+        );
+        let ok = StoredResponse {
+            status: 200,
+            headers: vec![],
+            body: None,
+        };
+        store.complete("a", token, ok, 5_000, 0).await.unwrap();
+        assert_eq!(
+            store.durable_commits(),
+            before + 1,
+            "a completed outcome is on disk before the answer"
+        );
+        let mut fail = req(LeaseToken::random(), 0);
+        fail.takeover = false;
+        store.begin("b", &fail).await.unwrap();
+        assert_eq!(
+            store.durable_commits(),
+            before + 2,
+            "on_lease_expiry: fail reservations are durable"
         );
     }
 
