@@ -304,3 +304,63 @@ async fn a_broken_body_releases_the_key() {
     assert_eq!(retry.text().await.unwrap(), "whole");
     assert_eq!(calls.get(), 2);
 }
+
+/// A body of ready frames.
+struct Frames(std::collections::VecDeque<Bytes>);
+
+impl http_body::Body for Frames {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
+    }
+}
+
+/// A client that does not read its response does not hold the record up: within the capture
+/// limit, the record completes when the handler's body ends (far more than socket buffers
+/// hold), and the client still gets every byte later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_client_does_not_hold_the_record_up() {
+    const MIB: usize = 1 << 20;
+    let store = Arc::new(MemoryStore::new(64 * MIB));
+    let handler = || async {
+        let frames = (0..16u8).map(|i| Bytes::from(vec![b'a' + i; MIB])).collect();
+        Response::builder()
+            .status(201)
+            .body(Body::new(Frames(frames)))
+            .unwrap()
+    };
+    let router = Router::new().route("/big", post(handler)).route_layer(
+        IdempotencyLayer::new(store.clone())
+            .scope(Scope::Global)
+            .max_response_bytes(32 * MIB),
+    );
+    let url = format!("http://{}/big", serve(router).await);
+    let raw = common::key("slow");
+    let resp = http()
+        .post(&url)
+        .header("idempotency-key", &raw)
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    // Not reading the body yet: the record completes anyway.
+    let engine = Engine::new(store);
+    let found = within("the record", engine.lookup(&global_key(&raw), Some(DEADLINE)))
+        .await
+        .unwrap();
+    let Lookup::Completed(record) = found else {
+        panic!("completed while the client has not read: {found:?}");
+    };
+    let RecordState::Completed { response, .. } = record.state else {
+        unreachable!()
+    };
+    assert_eq!(response.body.map(|b| b.len()), Some(16 * MIB));
+    let body = within("the body", resp.bytes()).await.unwrap();
+    assert_eq!(body.len(), 16 * MIB);
+    assert_eq!(body[15 * MIB], b'a' + 15);
+}

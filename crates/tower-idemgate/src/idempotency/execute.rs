@@ -9,7 +9,8 @@
 //! Why the last frame is held back: the record must be durable before the client has the
 //! complete response, so a client that saw the whole response and retries always gets the
 //! replay. Every frame is forwarded as soon as the next one arrives; the last one goes out only
-//! after [`Execution::finish`] returned.
+//! after [`Execution::finish`] returned. A slow client does not hold the record up while the
+//! body is within the capture limit (see [`super::downstream`]).
 
 use std::any::Any;
 use std::future::Future;
@@ -29,11 +30,12 @@ use tower_service::Service;
 
 use super::config::Config;
 use super::dedup::{header_value, rfc3339};
+use super::downstream::Downstream;
 use super::{BoxError, IDEMPOTENCY_EXPIRES, IDEMPOTENCY_STATUS, IdempotencyInfo, OPERATION_ID, ResponseBody};
 use crate::problem::{Problem, ProblemKind};
 
-/// Frames buffered between the execution task and a slow client. Small: the task waits for the
-/// client rather than holding a large response in memory twice.
+/// Frames in the channel between the execution task and the client; more wait in the
+/// [`Downstream`] backlog while they are being captured anyway.
 const FRAME_BUFFER: usize = 4;
 
 type Head<B, E> = Result<Result<Response<ResponseBody<B>>, E>, Box<dyn Any + Send>>;
@@ -134,7 +136,7 @@ async fn drive<F, B, E, St, P>(
     let hint = body.size_hint();
     let streamed = Response::from_parts(head, ResponseBody::streamed(rx, hint));
     // A client that went away is not an error: the body is still read and recorded.
-    let mut client = head_tx.send(Ok(Ok(streamed))).is_ok().then_some(tx);
+    let mut client = Downstream::new(head_tx.send(Ok(Ok(streamed))).is_ok().then_some(tx));
 
     let mut body = std::pin::pin!(body);
     // `None` once the body is over the limit (or when the outcome will not be stored).
@@ -150,9 +152,9 @@ async fn drive<F, B, E, St, P>(
                 tracing::warn!(error = %e, "the response body broke off; the key is released");
                 finish(exec, Outcome::NoResponse).await;
                 if let Some(prev) = held {
-                    forward(&mut client, Ok(prev)).await;
+                    client.send(Ok(prev)).await;
                 }
-                forward(&mut client, Err(e)).await;
+                client.send(Err(e)).await;
                 return;
             }
         };
@@ -164,7 +166,11 @@ async fn drive<F, B, E, St, P>(
             }
         }
         if let Some(prev) = held.replace(frame) {
-            forward(&mut client, Ok(prev)).await;
+            if captured.is_some() {
+                client.offer(Ok(prev));
+            } else {
+                client.send(Ok(prev)).await;
+            }
         }
     }
     let stored = StoredResponse {
@@ -175,20 +181,9 @@ async fn drive<F, B, E, St, P>(
     };
     finish(exec, Outcome::Response(stored)).await;
     if let Some(last) = held {
-        forward(&mut client, Ok(last)).await;
+        client.send(Ok(last)).await;
     }
     // Dropping `client` ends the stream.
-}
-
-async fn forward(
-    client: &mut Option<mpsc::Sender<Result<Frame<Bytes>, BoxError>>>,
-    item: Result<Frame<Bytes>, BoxError>,
-) {
-    if let Some(tx) = client {
-        if tx.send(item).await.is_err() {
-            *client = None;
-        }
-    }
 }
 
 async fn finish<St: Store>(exec: Execution<St>, outcome: Outcome) {

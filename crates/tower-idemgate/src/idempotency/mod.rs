@@ -35,6 +35,7 @@
 mod body;
 mod config;
 mod dedup;
+mod downstream;
 mod execute;
 mod future;
 mod info;
