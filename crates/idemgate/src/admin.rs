@@ -12,6 +12,9 @@
 //! | `GET /admin/api-keys` | the provisioned API keys (digests and principals) |
 //! | `POST /admin/api-keys` | add or replace `{key_sha256, tenant, project, subject}` |
 //! | `DELETE /admin/api-keys/{key_sha256}` | remove a key |
+//! | `GET /admin/webhooks` | registered webhook endpoints (ids, owners, providers; never secrets) |
+//! | `POST /admin/webhooks` | provision `{tenant, project?, provider, secrets_env: [..], id?}` (until restart) |
+//! | `DELETE /admin/webhooks/{id}` | remove a provisioned endpoint |
 //! | `GET /admin/openapi.json` | an OpenAPI 3.1 description of this listener |
 //!
 //! `/admin/*` needs `Authorization: Bearer <token>`, the token read from the environment
@@ -136,6 +139,9 @@ async fn admin(
         (_, p) if p == "/admin/api-keys" || p.starts_with("/admin/api-keys/") => {
             api_keys(gw, method, p, body)
         }
+        (_, p) if p == "/admin/webhooks" || p.starts_with("/admin/webhooks/") => {
+            webhooks(gw, method, p, body)
+        }
         (_, p) if p.starts_with("/admin/records/") => {
             let raw = &p["/admin/records/".len()..];
             let key = percent_encoding::percent_decode_str(raw)
@@ -189,6 +195,56 @@ fn api_keys(gw: &Gateway, method: &Method, path: &str, body: &[u8]) -> Result<Re
         _ => Err(Problem::new(
             Kind::NotFound,
             "api-keys take GET, POST, or DELETE /admin/api-keys/{key_sha256}",
+        )),
+    }
+}
+
+/// `/admin/webhooks`: list, provision and remove webhook endpoints. Secrets never travel through
+/// the API: an entry names environment variables of the gateway process, as the registry file
+/// does. Provisioned entries live until a restart; the registry file is the durable source.
+fn webhooks(gw: &Gateway, method: &Method, path: &str, body: &[u8]) -> Result<Response<Body>, Problem> {
+    use crate::config::webhooks::RegistryEntry;
+    use crate::webhook::registry::{Entry, new_id};
+    let hooks = gw
+        .config()
+        .webhooks
+        .as_ref()
+        .ok_or_else(|| Problem::new(Kind::NotFound, "no `webhooks:` section is configured"))?;
+    let registry = hooks.registry();
+    let bad = |why: String| Problem::new(Kind::BadRequest, why);
+    match (method, path.strip_prefix("/admin/webhooks/")) {
+        (&Method::GET, None) => {
+            let list: Vec<Value> = registry
+                .entries()
+                .iter()
+                .map(|e| {
+                    json!({"id": e.id, "tenant": e.tenant, "project": e.project,
+                           "provider": e.provider.as_str(), "secrets": e.secrets.len()})
+                })
+                .collect();
+            Ok(json_response(&Value::Array(list)))
+        }
+        (&Method::POST, None) => {
+            let mut v: Value =
+                serde_json::from_slice(body).map_err(|e| bad(format!("expected a JSON object: {e}")))?;
+            if v.get("id").is_none() {
+                v["id"] = json!(new_id());
+            }
+            let file: RegistryEntry = serde_json::from_value(v).map_err(|e| {
+                bad(format!(
+                    "expected {{tenant, project?, provider, secrets_env: [..], id?}}: {e}"
+                ))
+            })?;
+            let entry = Entry::resolve(&file, &|name| std::env::var(name).ok()).map_err(bad)?;
+            let id = entry.id.clone();
+            registry.upsert(entry).map_err(|e| bad(e.to_string()))?;
+            tracing::info!(tenant = %file.tenant, provider = file.provider.as_str(), "webhook provisioned");
+            Ok(json_response(&json!({ "id": id })))
+        }
+        (&Method::DELETE, Some(id)) => Ok(json_response(&json!({ "removed": registry.remove(id) }))),
+        _ => Err(Problem::new(
+            Kind::NotFound,
+            "webhooks take GET, POST, or DELETE /admin/webhooks/{id}",
         )),
     }
 }
@@ -284,6 +340,13 @@ pub fn openapi() -> Value {
             },
             "/admin/api-keys/{key_sha256}": {
                 "delete": {"operationId": "deleteApiKey", "security": secured, "parameters": [{"name": "key_sha256", "in": "path", "required": true, "schema": {"type": "string"}}], "responses": {"200": ok_json("{\"removed\": bool}"), "401": problem}}
+            },
+            "/admin/webhooks": {
+                "get": {"operationId": "listWebhooks", "security": secured, "responses": {"200": {"description": "webhooks", "content": {"application/json": {"schema": {"type": "array", "items": {"type": "object"}}}}}, "401": problem, "404": problem}},
+                "post": {"operationId": "putWebhook", "security": secured, "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["tenant", "provider", "secrets_env"], "properties": {"id": {"type": "string"}, "tenant": {"type": "string"}, "project": {"type": "string"}, "provider": {"type": "string"}, "secrets_env": {"type": "array", "items": {"type": "string"}}}}}}}, "responses": {"200": ok_json("{\"id\": …}"), "400": problem, "401": problem}}
+            },
+            "/admin/webhooks/{id}": {
+                "delete": {"operationId": "deleteWebhook", "security": secured, "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}], "responses": {"200": ok_json("{\"removed\": bool}"), "401": problem}}
             },
             "/admin/records/{key}": {
                 "get": {"operationId": "getRecord", "security": secured, "parameters": key.as_array().unwrap().iter().cloned().chain([json!({"name": "body", "in": "query", "required": false, "schema": {"type": "boolean"}})]).collect::<Vec<_>>(), "responses": {"200": ok_json("the record"), "401": problem, "404": problem}},

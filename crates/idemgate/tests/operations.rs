@@ -28,7 +28,15 @@ identity:
     file: keys.yaml
 metrics:
   tenant_labels: {tenant_labels}
+webhooks:
+  registry: hooks.yaml
 routes:
+  - id: github
+    method: POST
+    path: /hooks/{{webhook_id}}
+    upstream: app
+    policy: webhook
+    provider: github
   - id: orders
     method: POST
     path: /api/v1/orders
@@ -58,8 +66,11 @@ async fn start(up: &Upstream, tenant_labels: bool, max_bytes: &str) -> (Gateway,
     let gw = Gateway::start_full(
         up,
         &config(&admin.to_string(), tenant_labels, max_bytes),
-        &[("TEST_ADMIN_TOKEN", TOKEN)],
-        &[("keys.yaml", keys.as_bytes())],
+        &[
+            ("TEST_ADMIN_TOKEN", TOKEN),
+            ("TEST_HOOK_SECRET", "test-only-hook-secret"),
+        ],
+        &[("keys.yaml", keys.as_bytes()), ("hooks.yaml", b"[]\n")],
     )
     .await;
     (gw, format!("http://{admin}"))
@@ -359,4 +370,60 @@ async fn api_keys_are_provisioned_through_the_admin_api() {
         .await
         .unwrap();
     assert_eq!(bad.status(), 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_are_provisioned_through_the_admin_api() {
+    use hmac::{Hmac, Mac};
+    let up = Upstream::start().await;
+    let (gw, admin) = start(&up, true, "1MiB").await;
+    let add =
+        serde_json::json!({"tenant": "acme", "provider": "github", "secrets_env": ["TEST_HOOK_SECRET"]});
+    let r = common::client()
+        .post(format!("{admin}/admin/webhooks"))
+        .bearer_auth(TOKEN)
+        .body(add.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let id = r.json_value().await["id"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("wh_") && id.len() == 35, "{id}");
+    let list = admin_get(&admin, "/admin/webhooks", Some(TOKEN))
+        .await
+        .json_value()
+        .await;
+    assert_eq!(list[0]["id"], id.as_str());
+    assert!(
+        !list.to_string().contains("test-only-hook-secret"),
+        "secrets are never shown"
+    );
+    let body = r#"{"action":"opened"}"#;
+    let mut mac = Hmac::<Sha256>::new_from_slice(b"test-only-hook-secret").unwrap();
+    mac.update(body.as_bytes());
+    let sig = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
+    let deliver = || {
+        common::client()
+            .post(gw.url(&format!("/hooks/{id}")))
+            .header("x-hub-signature-256", &sig)
+            .header("x-github-delivery", "d-1")
+            .body(body)
+            .send()
+    };
+    assert_eq!(deliver().await.unwrap().status(), 201);
+    let again = deliver().await.unwrap();
+    assert_eq!(header(&again, "idempotent-replayed"), Some("true"));
+    assert_eq!(up.counts.total(), 1);
+    let r = common::client()
+        .delete(format!("{admin}/admin/webhooks/{id}"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.json_value().await["removed"], true);
+    assert_eq!(
+        deliver().await.unwrap().status(),
+        404,
+        "a removed webhook is unknown"
+    );
 }
