@@ -587,3 +587,30 @@ impl Gateway {
         gw
     }
 }
+
+// ---- Process control for the checker and the soak (tests/checker.rs, tests/soak.rs) ----
+
+impl Gateway {
+    /// The process id while it runs (after [`Gateway::kill9`] there is none; `restart` starts
+    /// a killed gateway again on the same address and files).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+}
+
+impl RedisServer {
+    /// The process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+}
+
+/// Sends a signal by name (`STOP`, `CONT`, ...) with kill(1), so no test needs `unsafe`.
+pub fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{name} {pid}");
+}

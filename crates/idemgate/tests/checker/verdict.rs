@@ -1,0 +1,272 @@
+//! The checker's verdict: the clients' histories against the upstream's executions and the
+//! nemesis's record.
+//!
+//! A key executed more than once is excused only when every execution but the last was cut
+//! off by a documented crash point, a fault that hit the gateway that forwarded it while the
+//! execution ran or before its outcome could be recorded (up to 1 s after the upstream
+//! answered: the `complete` call, bounded by the store timeout):
+//!
+//! - the gateway was killed (`kill -9`) or paused (SIGSTOP) past its lease: the owner died
+//!   (SPEC 4, `on_lease_expiry: retry`: after the lease a retry takes over and runs again);
+//! - the gateway could not reach the store to record the outcome (or to renew its lease): the
+//!   record stays in flight and the lease rule decides the retry (docs/lifecycle.md, "Owner's
+//!   record update fails"). Such a duplicate needs a client that did not get the owner's
+//!   response (the owner still sends it): here, an impatient client that gave up.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::workload::{BOUND, Executions, KeyHistory, Outcome};
+
+/// One nemesis turn: what it did, which gateways it hit (every gateway for a store-wide
+/// fault), whether it was a crash of the gateway process itself (kill or pause), and when.
+#[derive(Clone, Debug)]
+pub struct Event {
+    pub what: String,
+    pub gateways: Vec<usize>,
+    pub crash: bool,
+    pub start: Duration,
+    pub end: Duration,
+}
+
+/// How long after the upstream's answer a crash still leaves the outcome unrecorded.
+const RECORD_MARGIN: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Default)]
+pub struct Verdict {
+    pub keys: usize,
+    pub final_keys: usize,
+    pub attempts: usize,
+    pub ok_attempts: usize,
+    pub replays: usize,
+    pub exactly_once: usize,
+    /// Keys executed more than once at a documented crash point, by reason.
+    pub excused: BTreeMap<String, usize>,
+    pub statuses: BTreeMap<String, usize>,
+    pub gave_up: usize,
+    pub timeouts_on_dead: usize,
+    /// Attempts that overlapped no nemesis turn, and how many of them succeeded.
+    pub quiet_attempts: usize,
+    pub quiet_ok: usize,
+    pub p99_ok: Duration,
+    pub max_ok: Duration,
+    pub executions: u64,
+    pub violations: Vec<String>,
+}
+
+fn overlaps(a: (Duration, Duration), b: (Duration, Duration)) -> bool {
+    a.0 <= b.1 && b.0 <= a.1
+}
+
+/// The kill or pause of `gateway` that overlaps `window`, if any.
+fn crash<'a>(events: &'a [Event], gateway: usize, window: (Duration, Duration)) -> Option<&'a Event> {
+    events
+        .iter()
+        .find(|e| e.crash && e.gateways.contains(&gateway) && overlaps((e.start, e.end), window))
+}
+
+/// Any fault that hit `gateway` during `window`, a crash first.
+fn fault<'a>(events: &'a [Event], gateway: usize, window: (Duration, Duration)) -> Option<&'a Event> {
+    crash(events, gateway, window).or_else(|| {
+        events
+            .iter()
+            .find(|e| e.gateways.contains(&gateway) && overlaps((e.start, e.end), window))
+    })
+}
+
+impl Verdict {
+    pub fn judge(keys: &[KeyHistory], execs: &Executions, events: &[Event], seconds: u64) -> Self {
+        let mut v = Self {
+            keys: keys.len(),
+            executions: execs.total(),
+            ..Self::default()
+        };
+        let mut latencies = Vec::new();
+        for key in keys {
+            v.judge_key(key, execs, events, &mut latencies);
+        }
+        latencies.sort();
+        if let Some(&max) = latencies.last() {
+            v.max_ok = max;
+            v.p99_ok = latencies[(latencies.len() * 99 / 100).min(latencies.len() - 1)];
+        }
+        // A run that proves nothing is not a pass.
+        let floor = usize::try_from(seconds).unwrap_or(usize::MAX).saturating_mul(3);
+        if v.keys < floor {
+            v.violations
+                .push(format!("only {} keys written, fewer than {floor}", v.keys));
+        }
+        if v.quiet_ok * 2 < v.quiet_attempts {
+            v.violations.push(format!(
+                "most requests failed outside the faults: {} of {}",
+                v.quiet_attempts - v.quiet_ok,
+                v.quiet_attempts
+            ));
+        }
+        if v.final_keys == 0 {
+            v.violations.push("no key written in the final phase".to_owned());
+        }
+        v
+    }
+
+    fn judge_key(
+        &mut self,
+        key: &KeyHistory,
+        execs: &Executions,
+        events: &[Event],
+        latencies: &mut Vec<Duration>,
+    ) {
+        let ns = key.namespaced();
+        let mut runs = execs.of(&ns);
+        runs.sort_by_key(|e| e.start);
+        self.final_keys += usize::from(key.final_phase);
+        for a in &key.attempts {
+            self.attempts += 1;
+            let quiet = !events
+                .iter()
+                .any(|e| overlaps((e.start, e.end), (a.start, a.end)));
+            self.quiet_attempts += usize::from(quiet);
+            match &a.outcome {
+                Outcome::Ok { exec, replayed } => {
+                    self.ok_attempts += 1;
+                    self.quiet_ok += usize::from(quiet);
+                    self.replays += usize::from(*replayed);
+                    latencies.push(a.end - a.start);
+                    if !runs.iter().any(|r| r.id == *exec) {
+                        self.violations.push(format!(
+                            "{ns}: answered with execution {exec}, which the upstream never ran for this key"
+                        ));
+                    }
+                }
+                Outcome::Foreign(body) => self
+                    .violations
+                    .push(format!("{ns}: attempt {} got another key's body: {body}", a.id)),
+                Outcome::Status(status, slug) => {
+                    *self.statuses.entry(format!("{status} {slug}")).or_default() += 1;
+                    let retryable = matches!(
+                        (status, slug.as_str()),
+                        (503, "store-unavailable") | (409, "request-in-flight") | (502 | 504, _)
+                    );
+                    if !retryable {
+                        self.violations
+                            .push(format!("{ns}: attempt {} got {status} {slug}", a.id));
+                    }
+                }
+                Outcome::GaveUp => self.gave_up += 1,
+                Outcome::Timeout => {
+                    if crash(events, a.gateway, (a.start, a.end)).is_some() {
+                        self.timeouts_on_dead += 1;
+                    } else {
+                        self.violations.push(format!(
+                            "{ns}: attempt {} on live gateway {} hung past {BOUND:?} (from {:?})",
+                            a.id, a.gateway, a.start
+                        ));
+                    }
+                }
+                Outcome::Error(e) => {
+                    let kind = if e.contains("Connect") {
+                        "connect error"
+                    } else {
+                        "connection error"
+                    };
+                    *self.statuses.entry(kind.to_owned()).or_default() += 1;
+                }
+            }
+        }
+        if !key.done {
+            self.violations
+                .push(format!("{ns}: never written ({} attempts)", key.attempts.len()));
+            return;
+        }
+        if key.final_phase && key.attempts.len() > 1 {
+            self.violations.push(format!(
+                "{ns}: final phase needed {} attempts: {:?}",
+                key.attempts.len(),
+                key.attempts.iter().map(|a| &a.outcome).collect::<Vec<_>>()
+            ));
+        }
+        match runs.len() {
+            0 => self.violations.push(format!("{ns}: written but never executed")),
+            1 => self.exactly_once += 1,
+            n => {
+                let mut reasons = Vec::new();
+                for r in &runs[..n - 1] {
+                    let attempt = key.attempts.iter().find(|a| a.id == r.attempt);
+                    let reason = attempt.and_then(|a| {
+                        let end = r.end.map_or(a.end, |e| (e + RECORD_MARGIN).max(a.end));
+                        fault(events, a.gateway, (r.start, end))
+                    });
+                    match reason {
+                        Some(e) => reasons.push(e.what.clone()),
+                        None => {
+                            self.violations.push(format!(
+                                "{ns}: executed {n} times; execution {} (attempt {}, from {:?} to {:?}) \
+                                 was cut off by no fault of its gateway; attempts: {:?}",
+                                r.id, r.attempt, r.start, r.end, key.attempts
+                            ));
+                            return;
+                        }
+                    }
+                }
+                *self
+                    .excused
+                    .entry(format!("{n} executions: {}", reasons.join("; ")))
+                    .or_default() += 1;
+            }
+        }
+    }
+
+    pub fn print(&self, store: &str, events: &[Event], heal: Duration) {
+        println!("checker[{store}]: nemesis turns:");
+        for e in events {
+            println!(
+                "  {:>7.2}s..{:>7.2}s  {}",
+                e.start.as_secs_f64(),
+                e.end.as_secs_f64(),
+                e.what
+            );
+        }
+        println!(
+            "checker[{store}]: {} keys ({} in the final phase), {} attempts, {} ok ({} replays), \
+             {} upstream executions; heal took {heal:.2?}",
+            self.keys, self.final_keys, self.attempts, self.ok_attempts, self.replays, self.executions
+        );
+        println!(
+            "checker[{store}]: outside the faults {} of {} attempts ok; ok latency p99 {:.0?}, max {:.0?}; \
+             {} impatient give-ups, {} timeouts on a killed or paused gateway; other answers {:?}",
+            self.quiet_ok,
+            self.quiet_attempts,
+            self.p99_ok,
+            self.max_ok,
+            self.gave_up,
+            self.timeouts_on_dead,
+            self.statuses
+        );
+        let excused: usize = self.excused.values().sum();
+        println!(
+            "checker[{store}]: {} keys executed exactly once, {excused} more than once at a documented \
+             crash point (on_lease_expiry: retry: the owner died, was paused past its lease, or could \
+             not record the outcome while its client had given up, and a retry took over):",
+            self.exactly_once
+        );
+        for (why, n) in &self.excused {
+            println!("  {n:>4}  {why}");
+        }
+        if self.violations.is_empty() {
+            println!("checker[{store}]: PASS");
+        } else {
+            println!("checker[{store}]: FAIL, {} violations:", self.violations.len());
+            for v in self.violations.iter().take(20) {
+                println!("  {v}");
+            }
+        }
+    }
+
+    pub fn assert_pass(&self) {
+        assert!(
+            self.violations.is_empty(),
+            "{:#?}",
+            &self.violations[..self.violations.len().min(20)]
+        );
+    }
+}
