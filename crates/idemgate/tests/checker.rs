@@ -206,9 +206,21 @@ async fn start_gateway(up: &CheckerUpstream, store: &str) -> Gateway {
 }
 
 /// Runs the clients and the nemesis, heals, runs the final phase, and judges.
-async fn run(mut world: World, up: &CheckerUpstream, menu: &[Nemesis], clients: usize) -> Verdict {
+async fn run(world: World, up: &CheckerUpstream, menu: &[Nemesis], clients: usize) -> Verdict {
+    run_for(world, up, menu, clients, nemesis_seconds(), (300, 25)).await
+}
+
+/// [`run`] with the nemesis phase's length, the longest upstream delay a client asks for and
+/// the share of impatient attempts (percent).
+async fn run_for(
+    mut world: World,
+    up: &CheckerUpstream,
+    menu: &[Nemesis],
+    clients: usize,
+    seconds: u64,
+    (max_delay_ms, impatient_percent): (u64, u64),
+) -> Verdict {
     let seed = seed();
-    let seconds = nemesis_seconds();
     let mut rng = Rng::new(seed);
     let run_id = format!("{}{:x}", world.name, rng.next() % 0xffff_ffff);
     println!(
@@ -229,14 +241,20 @@ async fn run(mut world: World, up: &CheckerUpstream, menu: &[Nemesis], clients: 
         final_phase,
         seed,
         run: run_id.clone(),
+        max_delay_ms,
+        impatient_percent,
     };
     let tasks: Vec<_> = (0..clients)
         .map(|i| tokio::spawn(workload::client(plan(i, traffic_until, false, rng.next()))))
         .collect();
 
     tokio::time::sleep(warmup).await;
-    let mut next = usize::try_from(rng.next()).unwrap_or(0) % menu.len();
+    let mut next = usize::try_from(rng.next()).unwrap_or(0) % menu.len().max(1);
     while Instant::now() < traffic_until {
+        if menu.is_empty() {
+            tokio::time::sleep_until(traffic_until.into()).await;
+            break;
+        }
         world.turn(menu[next], &mut rng).await;
         next = (next + 1) % menu.len();
         tokio::time::sleep(Duration::from_millis(rng.range(300, 800))).await;
@@ -385,4 +403,38 @@ async fn exactly_once_on_postgres_under_gateway_and_store_faults() {
         .await
         .unwrap();
     verdict.assert_pass();
+}
+
+/// The checker has teeth: two gateways that do not share a store (each its own memory store)
+/// are not replicas, and an impatient client's retry on the other one runs the key again
+/// with no fault anywhere. The verdict must call that out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checker_flags_duplicates_between_gateways_that_share_no_store() {
+    let epoch = Instant::now();
+    let up = CheckerUpstream::start(epoch).await;
+    let mut gateways = Vec::new();
+    for _ in 0..2 {
+        gateways.push(start_gateway(&up, "  kind: memory\n").await);
+    }
+    let world = World {
+        name: "unshared",
+        epoch,
+        gateways,
+        proxies: Vec::new(),
+        redis: None,
+        pg: None,
+        events: Vec::new(),
+    };
+    // Slow executions and impatient clients, so that many give up while an execution runs.
+    let verdict = run_for(world, &up, &[], 12, 5, (2000, 60)).await;
+    let duplicates = verdict
+        .violations
+        .iter()
+        .filter(|v| v.contains("cut off by no fault"))
+        .count();
+    assert!(
+        duplicates > 0,
+        "the checker missed the duplicates: {:?}",
+        verdict.violations
+    );
 }

@@ -214,6 +214,10 @@ pub struct ClientPlan {
     pub final_phase: bool,
     pub seed: u64,
     pub run: String,
+    /// The upstream sleeps up to this long per execution (chosen per key).
+    pub max_delay_ms: u64,
+    /// The share of attempts (percent) that give up early, outside the final phase.
+    pub impatient_percent: u64,
 }
 
 /// Writes keys one after the other until `traffic_until`; returns every key's history.
@@ -231,7 +235,7 @@ pub async fn client(plan: ClientPlan) -> Vec<KeyHistory> {
         let raw = format!("{}-c{}-{n}", plan.run, plan.id);
         let namespaced = format!("t-*:*:*:{raw}");
         let body = format!(r#"{{"key":"{raw}","amount":{}}}"#, rng.range(1, 1000));
-        let delay = rng.range(0, 300).to_string();
+        let delay = rng.range(0, plan.max_delay_ms.max(1)).to_string();
         let mut hist = KeyHistory {
             raw: raw.clone(),
             final_phase: plan.final_phase,
@@ -241,7 +245,7 @@ pub async fn client(plan: ClientPlan) -> Vec<KeyHistory> {
         let mut gw = usize::try_from(rng.next()).unwrap_or(0) % plan.gateways.len();
         while Instant::now() < plan.give_up_at {
             // In the final phase every attempt is patient: the system is healed.
-            let patient = plan.final_phase || rng.chance(75);
+            let patient = plan.final_phase || !rng.chance(plan.impatient_percent);
             let limit = if patient {
                 BOUND
             } else {
