@@ -431,7 +431,7 @@ impl T<'_> {
 
         // Still running: `/output` answers 202 at once, a plain recovery after `wait_timeout`.
         let k = common::key("slow");
-        let body = serde_json::json!({"name": k, "delay_ms": 2500});
+        let body = serde_json::json!({"name": k, "delay_ms": 4000});
         let running = tokio::spawn(self.post("/api/v1/slow", "k-alice", Some(&k), &body).send());
         let log = self.service_log.to_path_buf();
         let name = k.clone();
