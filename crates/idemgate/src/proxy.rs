@@ -307,7 +307,9 @@ impl Gateway {
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 // Spawned and tracked: if the client goes away, the upstream call still runs to
                 // its end and its outcome is recorded.
-                self.tasks.spawn(async move {
+                // Boxed: the execution future is several kilobytes, and tokio would otherwise
+                // copy it whole into the task (a profile showed those copies on the miss path).
+                self.tasks.spawn(Box::pin(async move {
                     let mut stored = false;
                     let call = Call {
                         route,
@@ -318,7 +320,7 @@ impl Gateway {
                     };
                     let resp = this.execute(call, key, exec, &mut stored).await;
                     let _ = tx.send((resp, stored));
-                });
+                }));
                 let (resp, stored) = rx.await.unwrap_or_else(|_| {
                     (Err(Problem::new(Kind::UpstreamUnavailable, "the execution failed")), false)
                 });
