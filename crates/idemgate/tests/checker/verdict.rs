@@ -48,6 +48,8 @@ pub struct Verdict {
     /// Attempts that overlapped no nemesis turn, and how many of them succeeded.
     pub quiet_attempts: usize,
     pub quiet_ok: usize,
+    /// A few failed attempts outside the faults, to tell slow recoveries from bad luck.
+    pub quiet_failures: Vec<String>,
     pub p99_ok: Duration,
     pub max_ok: Duration,
     pub executions: u64,
@@ -59,14 +61,14 @@ fn overlaps(a: (Duration, Duration), b: (Duration, Duration)) -> bool {
 }
 
 /// The kill or pause of `gateway` that overlaps `window`, if any.
-fn crash<'a>(events: &'a [Event], gateway: usize, window: (Duration, Duration)) -> Option<&'a Event> {
+fn crash(events: &[Event], gateway: usize, window: (Duration, Duration)) -> Option<&Event> {
     events
         .iter()
         .find(|e| e.crash && e.gateways.contains(&gateway) && overlaps((e.start, e.end), window))
 }
 
 /// Any fault that hit `gateway` during `window`, a crash first.
-fn fault<'a>(events: &'a [Event], gateway: usize, window: (Duration, Duration)) -> Option<&'a Event> {
+fn fault(events: &[Event], gateway: usize, window: (Duration, Duration)) -> Option<&Event> {
     crash(events, gateway, window).or_else(|| {
         events
             .iter()
@@ -126,6 +128,13 @@ impl Verdict {
                 .iter()
                 .any(|e| overlaps((e.start, e.end), (a.start, a.end)));
             self.quiet_attempts += usize::from(quiet);
+            let ok = matches!(a.outcome, Outcome::Ok { .. });
+            if quiet && !ok && !matches!(a.outcome, Outcome::GaveUp) && self.quiet_failures.len() < 8 {
+                self.quiet_failures.push(format!(
+                    "{:.2?}..{:.2?} gateway {}: {:?}",
+                    a.start, a.end, a.gateway, a.outcome
+                ));
+            }
             match &a.outcome {
                 Outcome::Ok { exec, replayed } => {
                     self.ok_attempts += 1;
@@ -242,6 +251,9 @@ impl Verdict {
             self.timeouts_on_dead,
             self.statuses
         );
+        for f in &self.quiet_failures {
+            println!("  failed outside the faults: {f}");
+        }
         let excused: usize = self.excused.values().sum();
         println!(
             "checker[{store}]: {} keys executed exactly once, {excused} more than once at a documented \
