@@ -210,6 +210,19 @@ async fn scenarios(server: &Path, service: &Path) {
         ok(&format!("{ADMIN}/health")).await && ok(&format!("{INGRESS}/restate/health")).await
     })
     .await;
+    let keys: String = API_KEYS
+        .iter()
+        .map(|(key, tenant, subject)| {
+            format!(
+                "- {{key_sha256: {}, tenant: {tenant}, project: p1, subject: \"{subject}\"}}\n",
+                hex::encode(Sha256::digest(key.as_bytes()))
+            )
+        })
+        .collect();
+    let demo = common::Upstream::start().await;
+    let gw = common::Gateway::start_full(&demo, CONFIG, &[], &[("keys.yaml", keys.as_bytes())]).await;
+    // Registered after the gateway started, as in a deployment where idemgate comes up first:
+    // its first retention write may find no service yet (404) and is then retried.
     let registered = common::client()
         .post(format!("{ADMIN}/deployments"))
         .header("content-type", "application/json")
@@ -222,17 +235,6 @@ async fn scenarios(server: &Path, service: &Path) {
         "register: {}",
         registered.text().await.unwrap()
     );
-    let keys: String = API_KEYS
-        .iter()
-        .map(|(key, tenant, subject)| {
-            format!(
-                "- {{key_sha256: {}, tenant: {tenant}, project: p1, subject: \"{subject}\"}}\n",
-                hex::encode(Sha256::digest(key.as_bytes()))
-            )
-        })
-        .collect();
-    let demo = common::Upstream::start().await;
-    let gw = common::Gateway::start_full(&demo, CONFIG, &[], &[("keys.yaml", keys.as_bytes())]).await;
     let t = T {
         gw: &gw,
         service_log: &service_log,
@@ -535,7 +537,11 @@ impl T<'_> {
             log.contains("applied the route retention to the Restate service"),
             "{log}"
         );
-        eprintln!("restate: route retention is visible in Restate's service configuration");
+        let retried = log.matches("could not apply the retention").count();
+        eprintln!(
+            "restate: route retention is visible in Restate's service configuration \
+             ({retried} attempt(s) retried before the deployment was registered)"
+        );
     }
 
     async fn policies_apply_before_restate(&self) {
