@@ -277,7 +277,11 @@ async fn run_for(
     for t in tasks {
         keys.extend(t.await.unwrap());
     }
-    let verdict = Verdict::judge(&keys, &up.execs, &world.events, seconds);
+    let mut verdict = Verdict::judge(&keys, &up.execs, &world.events, seconds);
+    // Every key once more: a completed key replays what its client accepted, and never runs
+    // again (records lost, or overwritten by a fenced owner, would show here).
+    let answers = workload::reread(&keys, &gateways, epoch).await;
+    verdict.judge_rereads(&keys, &answers, &up.execs, &world.events);
     verdict.print(world.name, &world.events, heal);
     verdict
 }

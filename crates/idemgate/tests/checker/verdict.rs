@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::workload::{BOUND, Executions, KeyHistory, Outcome};
+use crate::workload::{Attempt, BOUND, Executions, KeyHistory, Outcome};
 
 /// One nemesis turn: what it did, which gateways it hit (every gateway for a store-wide
 /// fault), whether it was a crash of the gateway process itself (kill or pause), and when.
@@ -53,6 +53,10 @@ pub struct Verdict {
     pub p99_ok: Duration,
     pub max_ok: Duration,
     pub executions: u64,
+    /// Keys read again after the run: replays of the accepted execution, and keys whose
+    /// accepted outcome was never recorded (a fault hit its owner), so the re-read ran them.
+    pub rereads_replayed: usize,
+    pub rereads_unrecorded: BTreeMap<String, usize>,
     pub violations: Vec<String>,
 }
 
@@ -225,6 +229,48 @@ impl Verdict {
         }
     }
 
+    /// Judges the re-reads (`workload::reread`): each must replay the execution its client
+    /// accepted. A new execution is excused only when a fault hit the accepted execution's
+    /// gateway before it could record the outcome (the client got the response anyway).
+    pub fn judge_rereads(
+        &mut self,
+        keys: &[KeyHistory],
+        answers: &[Option<Attempt>],
+        execs: &Executions,
+        events: &[Event],
+    ) {
+        for (key, answer) in keys.iter().zip(answers) {
+            let (Some(answer), Some(last)) = (answer, key.attempts.last()) else {
+                continue;
+            };
+            let Outcome::Ok { exec: accepted, .. } = last.outcome else {
+                continue;
+            };
+            let ns = key.namespaced();
+            match answer.outcome {
+                Outcome::Ok { exec, replayed: true } if exec == accepted => self.rereads_replayed += 1,
+                Outcome::Ok { exec, replayed: true } => self.violations.push(format!(
+                    "{ns}: re-read replayed execution {exec}, but its client accepted {accepted}"
+                )),
+                Outcome::Ok { replayed: false, .. } => {
+                    let run = execs.of(&ns).into_iter().find(|r| r.id == accepted);
+                    let cause = run.and_then(|r| {
+                        let end = r.end.map_or(last.end, |e| (e + RECORD_MARGIN).max(last.end));
+                        fault(events, last.gateway, (r.start, end))
+                    });
+                    match cause {
+                        Some(e) => *self.rereads_unrecorded.entry(e.what.clone()).or_default() += 1,
+                        None => self.violations.push(format!(
+                            "{ns}: completed (execution {accepted}, attempt {}) yet executed again on re-read",
+                            last.id
+                        )),
+                    }
+                }
+                ref other => self.violations.push(format!("{ns}: re-read answered {other:?}")),
+            }
+        }
+    }
+
     pub fn print(&self, store: &str, events: &[Event], heal: Duration) {
         println!("checker[{store}]: nemesis turns:");
         for e in events {
@@ -262,6 +308,15 @@ impl Verdict {
             self.exactly_once
         );
         for (why, n) in &self.excused {
+            println!("  {n:>4}  {why}");
+        }
+        let unrecorded: usize = self.rereads_unrecorded.values().sum();
+        println!(
+            "checker[{store}]: re-read of every key: {} replayed the accepted execution; {unrecorded} ran \
+             again because a fault kept the owner from recording an outcome its client did get:",
+            self.rereads_replayed
+        );
+        for (why, n) in &self.rereads_unrecorded {
             println!("  {n:>4}  {why}");
         }
         if self.violations.is_empty() {

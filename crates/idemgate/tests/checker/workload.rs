@@ -195,6 +195,8 @@ pub struct KeyHistory {
     pub final_phase: bool,
     pub attempts: Vec<Attempt>,
     pub done: bool,
+    pub body: String,
+    pub delay: String,
 }
 
 impl KeyHistory {
@@ -233,7 +235,6 @@ pub async fn client(plan: ClientPlan) -> Vec<KeyHistory> {
     while Instant::now() < plan.traffic_until {
         n += 1;
         let raw = format!("{}-c{}-{n}", plan.run, plan.id);
-        let namespaced = format!("t-*:*:*:{raw}");
         let body = format!(r#"{{"key":"{raw}","amount":{}}}"#, rng.range(1, 1000));
         let delay = rng.range(0, plan.max_delay_ms.max(1)).to_string();
         let mut hist = KeyHistory {
@@ -241,6 +242,8 @@ pub async fn client(plan: ClientPlan) -> Vec<KeyHistory> {
             final_phase: plan.final_phase,
             attempts: Vec::new(),
             done: false,
+            body: body.clone(),
+            delay: delay.clone(),
         };
         let mut gw = usize::try_from(rng.next()).unwrap_or(0) % plan.gateways.len();
         while Instant::now() < plan.give_up_at {
@@ -253,27 +256,7 @@ pub async fn client(plan: ClientPlan) -> Vec<KeyHistory> {
             };
             let id = format!("c{}-{n}-{}", plan.id, hist.attempts.len());
             let start = plan.epoch.elapsed();
-            let sent = http
-                .post(format!("http://{}/writes", plan.gateways[gw]))
-                .header("idempotency-key", &raw)
-                .header("content-type", "application/json")
-                .header("x-checker-attempt", &id)
-                .header("x-checker-delay-ms", &delay)
-                .body(body.clone())
-                .timeout(limit)
-                .send();
-            let outcome = match sent.await {
-                Ok(r) => {
-                    let status = r.status().as_u16();
-                    let replayed = r.headers().contains_key("idempotent-replayed");
-                    match r.bytes().await {
-                        Ok(b) if status == 201 => judge_body(&namespaced, &b, replayed),
-                        Ok(b) => Outcome::Status(status, slug(&b)),
-                        Err(e) => read_error(&e, patient),
-                    }
-                }
-                Err(e) => read_error(&e, patient),
-            };
+            let outcome = send(&http, plan.gateways[gw], &hist, &id, limit, patient).await;
             let ok = matches!(outcome, Outcome::Ok { .. } | Outcome::Foreign(_));
             hist.attempts.push(Attempt {
                 id,
@@ -293,6 +276,83 @@ pub async fn client(plan: ClientPlan) -> Vec<KeyHistory> {
         keys.push(hist);
     }
     keys
+}
+
+/// One attempt at writing `key` through `gateway`.
+async fn send(
+    http: &reqwest::Client,
+    gateway: SocketAddr,
+    key: &KeyHistory,
+    id: &str,
+    limit: Duration,
+    patient: bool,
+) -> Outcome {
+    let sent = http
+        .post(format!("http://{gateway}/writes"))
+        .header("idempotency-key", &key.raw)
+        .header("content-type", "application/json")
+        .header("x-checker-attempt", id)
+        .header("x-checker-delay-ms", &key.delay)
+        .body(key.body.clone())
+        .timeout(limit)
+        .send();
+    match sent.await {
+        Ok(r) => {
+            let status = r.status().as_u16();
+            let replayed = r.headers().contains_key("idempotent-replayed");
+            match r.bytes().await {
+                Ok(b) if status == 201 => judge_body(&key.namespaced(), &b, replayed),
+                Ok(b) => Outcome::Status(status, slug(&b)),
+                Err(e) => read_error(&e, patient),
+            }
+        }
+        Err(e) => read_error(&e, patient),
+    }
+}
+
+/// After the run, every written key once more (patient, spread over the gateways): each must
+/// be a replay of the very execution its client accepted. Returns each key's answer, in order.
+pub async fn reread(keys: &[KeyHistory], gateways: &[SocketAddr], epoch: Instant) -> Vec<Option<Attempt>> {
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    let lanes = 8;
+    for lane in 0..lanes {
+        let mine: Vec<(usize, KeyHistory)> = keys
+            .iter()
+            .enumerate()
+            .filter(|(i, k)| i % lanes == lane && k.done)
+            .map(|(i, k)| (i, k.clone()))
+            .collect();
+        let (http, gateways) = (http.clone(), gateways.to_vec());
+        tasks.spawn(async move {
+            let mut out = Vec::new();
+            for (i, key) in mine {
+                let gateway = i % gateways.len();
+                let id = format!("reread-{i}");
+                let start = epoch.elapsed();
+                let outcome = send(&http, gateways[gateway], &key, &id, BOUND, true).await;
+                let end = epoch.elapsed();
+                out.push((
+                    i,
+                    Attempt {
+                        id,
+                        gateway,
+                        start,
+                        end,
+                        outcome,
+                    },
+                ));
+            }
+            out
+        });
+    }
+    let mut answers = vec![None; keys.len()];
+    while let Some(lane) = tasks.join_next().await {
+        for (i, a) in lane.unwrap() {
+            answers[i] = Some(a);
+        }
+    }
+    answers
 }
 
 fn read_error(e: &reqwest::Error, patient: bool) -> Outcome {
