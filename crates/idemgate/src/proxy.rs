@@ -45,17 +45,17 @@ pub const IDEMPOTENCY_STATUS: HeaderName = HeaderName::from_static("idempotency-
 pub const IDEMPOTENCY_EXPIRES: HeaderName = HeaderName::from_static("idempotency-expires");
 
 /// Headers that describe one connection, never forwarded in either direction (RFC 9110 7.6.1).
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
+/// Hop-by-hop too, but not standard names in `http`.
+const HOP_BY_HOP_EXTRA: [&str; 2] = ["keep-alive", "proxy-connection"];
 
 pub(crate) type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -161,7 +161,7 @@ impl Gateway {
             if let Some((route, raw, output)) = self.recovery_target(req.uri().path()) {
                 log.endpoint.clone_from(&route.id);
                 log.policy = "recovery";
-                return self.recover(&route, &req, peer, &raw, output, log).await;
+                return Box::pin(self.recover(&route, &req, peer, &raw, output, log)).await;
             }
         }
         let Some(route) = self.config.routes.find(req.method(), req.uri().path()).cloned() else {
@@ -173,7 +173,7 @@ impl Gateway {
         log.endpoint.clone_from(&route.id);
         log.policy = policy_name(route.policy);
         if route.policy == PolicyKind::Webhook {
-            return self.webhook(route, req, peer, log).await;
+            return Box::pin(self.webhook(route, req, peer, log)).await;
         }
         let principal = self.identify(req.headers(), peer).await?;
         log.set_principal(principal.as_ref());
@@ -224,7 +224,7 @@ impl Gateway {
                 principal,
                 raw,
             };
-            return self.restate(inbound, log).await;
+            return Box::pin(self.restate(inbound, log)).await;
         }
         let Some(raw) = raw else {
             log.key_missing = route.policy == PolicyKind::Accepted;
@@ -242,7 +242,9 @@ impl Gateway {
             peer,
             principal,
         };
-        self.dedup(call, key, fingerprint, log).await
+        // Boxed, like the other branches that await large futures: the future of every request,
+        // passthrough included, is as large as its largest branch, and hyper moves it around.
+        Box::pin(self.dedup(call, key, fingerprint, log)).await
     }
 
     /// Reads a request body, refusing one over `max_request_body`.
@@ -828,18 +830,24 @@ fn policy_name(p: PolicyKind) -> &'static str {
 
 pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
     // Headers named in Connection are hop-by-hop too.
-    let named: Vec<HeaderName> = h
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
+    if h.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderName> = h
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            h.remove(name);
+        }
+    }
+    // Standard names hash without parsing; most requests carry none of these at all.
+    for name in HOP_BY_HOP {
         h.remove(name);
     }
-    for name in HOP_BY_HOP {
-        h.remove(*name);
+    for name in HOP_BY_HOP_EXTRA {
+        h.remove(name);
     }
 }
 
