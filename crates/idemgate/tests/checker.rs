@@ -442,3 +442,48 @@ async fn checker_flags_duplicates_between_gateways_that_share_no_store() {
         verdict.violations
     );
 }
+
+/// A finding of the checker, held: after a fault on the way to Redis is lifted, the next
+/// request is served at once. Requests kept failing for a full store timeout after the heal
+/// while the connection manager slept in a reconnect backoff begun during the fault.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_serves_at_once_when_a_fault_is_lifted() {
+    if redis_url().is_none() {
+        return;
+    }
+    let Some(redis) = RedisServer::start().await else {
+        return;
+    };
+    let up = CheckerUpstream::start(Instant::now()).await;
+    let proxy = FaultProxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], redis.port))).await;
+    let store = format!("  kind: redis\n  url: \"redis://127.0.0.1:{}/\"\n", proxy.port);
+    let gw = start_gateway(&up, &store).await;
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let write = |key: String| {
+        http.post(format!("http://{}/writes", gw.addr))
+            .header("idempotency-key", key)
+            .body("{}")
+            .timeout(Duration::from_secs(5))
+            .send()
+    };
+    assert_eq!(write("heal-warm".into()).await.unwrap().status(), 201);
+    let mut slow = Vec::new();
+    for round in 0..6 {
+        for fault in [Fault::Drop, Fault::Reset] {
+            proxy.set(fault);
+            // Traffic during the fault keeps the connection manager reconnecting.
+            for i in 0..3 {
+                let r = write(format!("heal-{round}-{fault:?}-during-{i}")).await.unwrap();
+                assert_eq!(r.status(), 503);
+            }
+            proxy.set(Fault::Pass);
+            let started = Instant::now();
+            let r = write(format!("heal-{round}-{fault:?}-after")).await.unwrap();
+            let took = started.elapsed();
+            if r.status() != 201 || took > Duration::from_millis(250) {
+                slow.push((round, fault, r.status().as_u16(), took));
+            }
+        }
+    }
+    assert!(slow.is_empty(), "first requests after the heal: {slow:?}");
+}

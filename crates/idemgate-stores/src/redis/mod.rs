@@ -217,9 +217,13 @@ impl RedisStore {
             .get_or_try_init(|| async {
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(self.timeout)
-                    // Our own deadline bounds each call; the manager only reconnects.
-                    .set_number_of_retries(1)
-                    .set_max_delay(200);
+                    // Our own deadline bounds each call and `call` retries with its own short
+                    // backoff; the manager only reconnects, once per failure. With retries of
+                    // its own, a reconnect that failed during an outage slept in the manager's
+                    // backoff (up to 200 ms plus jitter) and every call issued just after the
+                    // store came back waited on that sleep past the store timeout (503s for
+                    // half a second after each heal, found by tests/checker.rs).
+                    .set_number_of_retries(0);
                 ConnectionManager::new_with_config(self.client.clone(), config).await
             })
             .await
