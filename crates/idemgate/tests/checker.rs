@@ -467,7 +467,7 @@ async fn redis_serves_at_once_when_a_fault_is_lifted() {
             .send()
     };
     assert_eq!(write("heal-warm".into()).await.unwrap().status(), 201);
-    let mut slow = Vec::new();
+    let (mut slow, mut worst) = (Vec::new(), Duration::ZERO);
     for round in 0..6 {
         for fault in [Fault::Drop, Fault::Reset] {
             proxy.set(fault);
@@ -480,10 +480,12 @@ async fn redis_serves_at_once_when_a_fault_is_lifted() {
             let started = Instant::now();
             let r = write(format!("heal-{round}-{fault:?}-after")).await.unwrap();
             let took = started.elapsed();
-            if r.status() != 201 || took > Duration::from_millis(250) {
+            worst = worst.max(took);
+            if r.status() != 201 || took > Duration::from_millis(300) {
                 slow.push((round, fault, r.status().as_u16(), took));
             }
         }
     }
+    println!("first request after a lifted fault: slowest {worst:?}");
     assert!(slow.is_empty(), "first requests after the heal: {slow:?}");
 }
