@@ -173,7 +173,7 @@ impl<S: Store> std::fmt::Debug for Started<S> {
 }
 
 /// How an execution ended.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum Outcome {
     /// The upstream answered. `body: None` means it was over `max_response_bytes`.
     Response(StoredResponse),
@@ -426,24 +426,40 @@ impl<S: Store> Execution<S> {
     ///
     /// # Errors
     /// A store error, or [`StoreError::Fenced`] when the lease was lost meanwhile.
-    pub async fn finish(self, outcome: Outcome) -> Result<Finished, StoreError> {
+    pub async fn finish(mut self, outcome: Outcome) -> Result<Finished, StoreError> {
         self.renewal.abort();
-        match outcome {
+        self.try_finish(&outcome).await
+    }
+
+    /// One attempt at [`Execution::finish`] that keeps the execution (and its lease renewal)
+    /// when the store fails, so the caller can try again once the store is back: an outcome
+    /// that reached the client must still be recorded, or a retry would run the operation again.
+    /// The renewal stops once the outcome is recorded or the lease is lost.
+    ///
+    /// # Errors
+    /// A store error (try again), or [`StoreError::Fenced`] (the lease is lost; give up).
+    pub async fn try_finish(&mut self, outcome: &Outcome) -> Result<Finished, StoreError> {
+        let result = match outcome {
             Outcome::Response(response) if is_final(response.status, self.store_server_errors) => {
                 let now = now_millis();
                 let retention = millis(self.retention);
                 self.store
-                    .complete(&self.key, self.token, response, retention, now)
-                    .await?;
-                Ok(Finished::Completed {
-                    expires_at: now + retention,
-                })
+                    .complete(&self.key, self.token, response.clone(), retention, now)
+                    .await
+                    .map(|()| Finished::Completed {
+                        expires_at: now + retention,
+                    })
             }
-            _ => {
-                self.store.release(&self.key, self.token).await?;
-                Ok(Finished::Released)
-            }
+            _ => self
+                .store
+                .release(&self.key, self.token)
+                .await
+                .map(|()| Finished::Released),
+        };
+        if matches!(result, Ok(_) | Err(StoreError::Fenced(_))) {
+            self.renewal.abort();
         }
+        result
     }
 }
 
