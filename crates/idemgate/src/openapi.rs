@@ -20,7 +20,13 @@ pub fn document(config: &Config) -> Value {
             let name = method.as_str().to_ascii_lowercase();
             // First match wins at runtime, so an earlier route owns a (path, method) pair.
             if item.get(&name).is_none() {
-                item[name] = operation(route, &path, wildcard);
+                // operationIds must be unique: a route answering several methods gets one each.
+                let id = if route.methods.0.len() == 1 {
+                    route.id.clone()
+                } else {
+                    format!("{}-{name}", route.id)
+                };
+                item[name] = operation(route, &id, &path, wildcard);
             }
         }
     }
@@ -69,7 +75,7 @@ fn policy_name(p: PolicyKind) -> &'static str {
     }
 }
 
-fn operation(route: &Route, path: &str, wildcard: bool) -> Value {
+fn operation(route: &Route, operation_id: &str, path: &str, wildcard: bool) -> Value {
     let mut params: Vec<Value> = path
         .split('/')
         .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
@@ -110,7 +116,7 @@ fn operation(route: &Route, path: &str, wildcard: bool) -> Value {
         PolicyKind::Webhook | PolicyKind::HandlerInternal => {}
     }
     let mut op = json!({
-        "operationId": route.id,
+        "operationId": operation_id,
         "parameters": params,
         "responses": responses,
         "x-idempotency": {

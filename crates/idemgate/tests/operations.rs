@@ -427,3 +427,53 @@ async fn webhooks_are_provisioned_through_the_admin_api() {
         "a removed webhook is unknown"
     );
 }
+
+/// Validates an OpenAPI document with openapi-spec-validator (PyPI), installed by .ci/run into
+/// the same venv as the webhook SDKs; `None` (skipped) without it.
+fn validate_openapi(doc: &str) -> Option<Result<(), String>> {
+    let dir = std::env::var("IDEMGATE_TEST_WEBHOOK_SDKS").ok()?;
+    let python = format!("{dir}/venv/bin/python");
+    let script =
+        "import json, sys\nfrom openapi_spec_validator import validate\nvalidate(json.load(sys.stdin))\n";
+    let mut child = Command::new(python)
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .ok()?;
+    use std::io::Write as _;
+    child.stdin.take().unwrap().write_all(doc.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    Some(if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openapi_documents_validate() {
+    let up = Upstream::start().await;
+    let (_gw, admin) = start(&up, true, "1MiB").await;
+    let admin_doc = admin_get(&admin, "/admin/openapi.json", Some(TOKEN))
+        .await
+        .text()
+        .await
+        .unwrap();
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/demo.yaml");
+    let out = Command::new(env!("CARGO_BIN_EXE_idemgate"))
+        .args(["openapi", "--config", demo])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let client_doc = String::from_utf8(out.stdout).unwrap();
+    for (name, doc) in [("admin", admin_doc), ("client", client_doc)] {
+        match validate_openapi(&doc) {
+            None => {
+                println!("skipped: IDEMGATE_TEST_WEBHOOK_SDKS (with openapi-spec-validator) not set");
+                return;
+            }
+            Some(result) => assert!(result.is_ok(), "{name} document: {result:?}"),
+        }
+    }
+}
