@@ -58,3 +58,74 @@ proptest! {
         let _ = idemgate::config::Config::from_yaml(&text);
     }
 }
+
+mod webhook_headers {
+    use http::{HeaderMap, HeaderName, HeaderValue, Uri};
+    use idemgate::config::webhooks::Provider;
+    use idemgate::webhook::crypto::{Keys, Secret};
+    use idemgate::webhook::providers::{Delivery, identifier, verify};
+    use proptest::prelude::*;
+
+    const PROVIDERS: [Provider; 7] = [
+        Provider::Stripe,
+        Provider::Github,
+        Provider::TwilioEventStreams,
+        Provider::Twilio,
+        Provider::StandardWebhooks,
+        Provider::Shopify,
+        Provider::Gitlab,
+    ];
+
+    /// Signature and identifier headers of every provider, with hostile values.
+    fn headers() -> impl Strategy<Value = Vec<(usize, String)>> {
+        let value = prop_oneof![
+            "[ -~]{0,80}",
+            Just("t=1,v1=".to_owned()),
+            Just("t=,v1=,v1=zz".to_owned()),
+            Just("v1,".to_owned()),
+            Just("sha256=".to_owned()),
+            Just("v1,!!!notbase64 v1,".to_owned()),
+        ];
+        prop::collection::vec((0usize..9, value), 0..6)
+    }
+
+    const NAMES: [&str; 9] = [
+        "stripe-signature",
+        "x-hub-signature-256",
+        "x-twilio-signature",
+        "webhook-signature",
+        "webhook-timestamp",
+        "webhook-id",
+        "x-shopify-hmac-sha256",
+        "x-gitlab-token",
+        "content-type",
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Any header values and body: every provider's check and identifier lift answer (never
+        /// panic), and nothing unsigned verifies.
+        #[test]
+        fn signature_headers_never_panic_and_never_verify_by_accident(
+            pairs in headers(),
+            body in prop::collection::vec(any::<u8>(), 0..64),
+            query in "[a-zA-Z0-9=&]{0,20}",
+        ) {
+            let mut h = HeaderMap::new();
+            for (i, v) in &pairs {
+                if let Ok(v) = HeaderValue::from_str(v) {
+                    h.append(HeaderName::from_static(NAMES[*i]), v);
+                }
+            }
+            let uri: Uri = format!("/hooks/x?{query}").parse().unwrap_or_else(|_| Uri::from_static("/hooks/x"));
+            let secrets = [Secret::new(b"test-only-fuzz-secret".to_vec())];
+            let keys = Keys::new(&secrets);
+            let d = Delivery { headers: &h, uri: &uri, body: &body, public_base_url: Some("https://api.test"), now: 1_700_000_000, tolerance: 300 };
+            for p in PROVIDERS {
+                prop_assert!(verify(p, None, &keys, &d).is_err(), "{p:?} verified an unsigned delivery");
+                let _ = identifier(p, None, &d);
+            }
+        }
+    }
+}
