@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # idemgate benchmark harness. See bench/README.md.
 #
-#   bench/run.sh                                  # full run (~13 min + builds), rewrites docs/benchmarks.md
+#   bench/run.sh                                  # full run (~8 min + builds), rewrites docs/benchmarks.md
 #   BENCH_QUICK=1 bench/run.sh                    # quick mode for development (~4 min)
 #   BENCH_STORES=memory,embedded BENCH_SCENARIOS=miss,replay bench/run.sh
 #   IDEMGATE_BIN=/path/idemgate BENCH_DURATION=5s bench/run.sh
