@@ -275,27 +275,8 @@ impl Gateway {
         env: &[(&str, &str)],
         files: &[(&str, &[u8])],
     ) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        for (name, contents) in files {
-            std::fs::write(dir.path().join(name), contents).unwrap();
-        }
-        let addr = free_addr();
-        let yaml = format!(
-            "server:\n  listen: {addr}\n{server}store:\n  kind: memory\n{}",
-            body.replace("{upstream}", &format!("http://{}", upstream.addr))
-        );
-        let config = dir.path().join("idemgate.yaml");
-        std::fs::write(&config, yaml).unwrap();
-        let log = dir.path().join("gateway.log");
-        let mut gw = Self {
-            addr,
-            child: None,
-            dir,
-            config,
-            log,
-        };
-        gw.spawn_env(env).await;
-        gw
+        let yaml = format!("server:\n  listen: {{listen}}\n{server}store:\n  kind: memory\n{body}");
+        Self::start_full(upstream, &yaml, env, files).await
     }
 
     async fn spawn_env(&mut self, env: &[(&str, &str)]) {
