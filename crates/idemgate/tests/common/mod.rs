@@ -141,26 +141,7 @@ impl Gateway {
     }
 
     async fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_idemgate"))
-            .args(["serve", "--config"])
-            .arg(&self.config)
-            .arg("--listen")
-            .arg(self.addr.to_string())
-            .current_dir(self.dir.path())
-            .stdout(Stdio::from(log.try_clone().unwrap()))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
-        wait_until(Duration::from_secs(10), || {
-            std::net::TcpStream::connect(self.addr).is_ok()
-        })
-        .await;
+        self.spawn_env(&[]).await;
     }
 
     pub fn url(&self, path: &str) -> String {
