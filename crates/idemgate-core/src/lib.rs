@@ -9,6 +9,7 @@
 //! - [`store`]: the [`store::Store`] trait.
 //! - [`notify`]: in-process wake-ups for waiters.
 //! - [`engine`]: begin / execute / finish, waiting and lease renewal (SPEC section 4).
+//! - [`problem`]: the refusal table (slugs, titles, statuses) and the problem+json body.
 //! - [`memory`]: the sharded, bounded memory store.
 
 pub mod engine;
@@ -17,6 +18,7 @@ pub mod key;
 pub mod memory;
 pub mod namespace;
 pub mod notify;
+pub mod problem;
 pub mod record;
 pub mod rules;
 pub mod store;

@@ -4,105 +4,11 @@
 use bytes::Bytes;
 use http::header::{CONNECTION, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
-use serde::Serialize;
 
 use crate::body::{Body, full};
 
-/// Which problem: the slug of `https://idemgate.dev/problems/<slug>`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    MissingKey,
-    InvalidKey,
-    KeyNotAllowed,
-    Unauthenticated,
-    NotFound,
-    RequestInFlight,
-    ResponseNotRetained,
-    OutcomeUnknown,
-    KeyReused,
-    PayloadTooLarge,
-    InvalidSignature,
-    TranslationFailed,
-    UnknownWebhook,
-    StoreUnavailable,
-    UpstreamUnavailable,
-    UpstreamTimeout,
-    /// A recovery request for a Restate invocation whose output was purged (410). Not in SPEC
-    /// 11's list: Restate tells "purged" apart from "unknown", and so does the client.
-    OutcomePurged,
-    /// Malformed or ambiguous HTTP framing (request smuggling shapes). Not in SPEC 11's list:
-    /// the contract is silent on framing errors, and a client needs a slug to match on.
-    BadRequest,
-}
-
-impl Kind {
-    #[must_use]
-    pub fn slug(self) -> &'static str {
-        match self {
-            Self::MissingKey => "missing-idempotency-key",
-            Self::InvalidKey => "invalid-idempotency-key",
-            Self::KeyNotAllowed => "idempotency-key-not-allowed",
-            Self::Unauthenticated => "unauthenticated",
-            Self::NotFound => "not-found",
-            Self::RequestInFlight => "request-in-flight",
-            Self::ResponseNotRetained => "response-not-retained",
-            Self::OutcomeUnknown => "outcome-unknown",
-            Self::KeyReused => "idempotency-key-reused",
-            Self::PayloadTooLarge => "payload-too-large",
-            Self::InvalidSignature => "invalid-signature",
-            Self::TranslationFailed => "translation-failed",
-            Self::UnknownWebhook => "unknown-webhook",
-            Self::StoreUnavailable => "store-unavailable",
-            Self::UpstreamUnavailable => "upstream-unavailable",
-            Self::UpstreamTimeout => "upstream-timeout",
-            Self::OutcomePurged => "outcome-purged",
-            Self::BadRequest => "bad-request",
-        }
-    }
-
-    #[must_use]
-    pub fn status(self) -> StatusCode {
-        match self {
-            Self::MissingKey | Self::InvalidKey | Self::KeyNotAllowed | Self::BadRequest => {
-                StatusCode::BAD_REQUEST
-            }
-            Self::Unauthenticated | Self::InvalidSignature => StatusCode::UNAUTHORIZED,
-            Self::NotFound | Self::UnknownWebhook => StatusCode::NOT_FOUND,
-            Self::TranslationFailed => StatusCode::BAD_REQUEST,
-            Self::RequestInFlight | Self::ResponseNotRetained | Self::OutcomeUnknown => StatusCode::CONFLICT,
-            Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-            Self::UpstreamUnavailable => StatusCode::BAD_GATEWAY,
-            Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
-            Self::OutcomePurged => StatusCode::GONE,
-        }
-    }
-
-    #[must_use]
-    pub fn title(self) -> &'static str {
-        match self {
-            Self::MissingKey => "Idempotency-Key header is required",
-            Self::InvalidKey => "Idempotency-Key is invalid",
-            Self::KeyNotAllowed => "Idempotency-Key is not allowed on this endpoint",
-            Self::Unauthenticated => "Authentication is required",
-            Self::NotFound => "No such endpoint",
-            Self::RequestInFlight => "A request with this key is in progress",
-            Self::ResponseNotRetained => "The original response was too large to keep",
-            Self::OutcomeUnknown => "The outcome of the original request is unknown",
-            Self::KeyReused => "Idempotency-Key was used for a different request",
-            Self::PayloadTooLarge => "Request body is too large",
-            Self::InvalidSignature => "The webhook signature is invalid",
-            Self::TranslationFailed => "The delivery's identifier could not be found",
-            Self::UnknownWebhook => "No such webhook",
-            Self::StoreUnavailable => "Idempotency store is unavailable",
-            Self::UpstreamUnavailable => "Upstream is unavailable",
-            Self::UpstreamTimeout => "Upstream timed out",
-            Self::OutcomePurged => "The outcome for this key was purged",
-            Self::BadRequest => "Malformed request",
-        }
-    }
-}
+/// Which problem: the shared table in the core.
+pub use idemgate_core::problem::ProblemKind as Kind;
 
 /// A refusal, rendered as problem+json.
 #[derive(Debug)]
@@ -116,19 +22,6 @@ pub struct Problem {
     pub reason: Option<&'static str>,
     /// Close the connection after answering (framing errors: the rest of the stream is suspect).
     pub close: bool,
-}
-
-#[derive(Serialize)]
-struct Wire<'a> {
-    #[serde(rename = "type")]
-    kind: String,
-    title: &'static str,
-    status: u16,
-    detail: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    operation_id: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    reason: Option<&'static str>,
 }
 
 impl Problem {
@@ -170,16 +63,13 @@ impl Problem {
     /// Renders the response.
     #[must_use]
     pub fn into_response(self) -> Response<Body> {
-        let status = self.kind.status();
-        let wire = Wire {
-            kind: format!("https://idemgate.dev/problems/{}", self.kind.slug()),
-            title: self.kind.title(),
-            status: status.as_u16(),
-            detail: &self.detail,
-            operation_id: self.operation_id.as_deref(),
-            reason: self.reason,
-        };
-        let json = serde_json::to_vec(&wire).unwrap_or_default();
+        let status = StatusCode::from_u16(self.kind.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let json = idemgate_core::problem::problem_json(
+            self.kind,
+            &self.detail,
+            self.operation_id.as_deref(),
+            self.reason,
+        );
         let mut resp = Response::new(full(Bytes::from(json)));
         *resp.status_mut() = status;
         let h = resp.headers_mut();
