@@ -9,14 +9,16 @@
 //!    [`Execution::finish`] with the [`Outcome`]. The engine decides whether that outcome is final
 //!    (stored and replayed) or transient (the key is released for a retry).
 //!
-//! While an [`Execution`] is alive a background task renews its lease, so a slow upstream keeps
-//! its key and a dead process loses it once the lease runs out.
+//! While an [`Execution`] is alive its lease is renewed in the background (one task per engine,
+//! see `renew.rs`), so a slow upstream keeps its key and a dead process loses it once the
+//! lease runs out.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::fingerprint::Fingerprint;
 use crate::record::{LeaseToken, Millis, RecordState, StoredResponse, now_millis};
+use crate::renew::Renewer;
 use crate::rules::{Begin, BeginRequest};
 use crate::store::{Store, StoreError};
 
@@ -194,12 +196,14 @@ pub enum Finished {
 #[derive(Debug)]
 pub struct Engine<S> {
     store: Arc<S>,
+    renewer: Arc<Renewer<S>>,
 }
 
 impl<S> Clone for Engine<S> {
     fn clone(&self) -> Self {
         Self {
             store: self.store.clone(),
+            renewer: self.renewer.clone(),
         }
     }
 }
@@ -207,7 +211,10 @@ impl<S> Clone for Engine<S> {
 impl<S: Store> Engine<S> {
     #[must_use]
     pub fn new(store: Arc<S>) -> Self {
-        Self { store }
+        Self {
+            renewer: Renewer::new(store.clone()),
+            store,
+        }
     }
 
     #[must_use]
@@ -263,6 +270,7 @@ impl<S: Store> Engine<S> {
                 Begin::Acquired { operation_id, .. } => {
                     return Ok(Started::Execute(Execution::start(
                         self.store.clone(),
+                        &self.renewer,
                         key,
                         token,
                         operation_id,
@@ -399,12 +407,21 @@ pub struct Execution<S: Store> {
     operation_id: String,
     retention: Duration,
     store_server_errors: bool,
-    renewal: tokio::task::JoinHandle<()>,
+    renewer: Arc<Renewer<S>>,
+    /// The lease renewal's id while it runs.
+    renewal: Option<u64>,
 }
 
 impl<S: Store> Execution<S> {
-    fn start(store: Arc<S>, key: &str, token: LeaseToken, operation_id: String, policy: &Policy) -> Self {
-        let renewal = tokio::spawn(renew_loop(store.clone(), key.to_owned(), token, policy.lease));
+    fn start(
+        store: Arc<S>,
+        renewer: &Arc<Renewer<S>>,
+        key: &str,
+        token: LeaseToken,
+        operation_id: String,
+        policy: &Policy,
+    ) -> Self {
+        let renewal = Some(renewer.hold(key, token, policy.lease));
         Self {
             store,
             key: key.to_owned(),
@@ -412,7 +429,14 @@ impl<S: Store> Execution<S> {
             operation_id,
             retention: policy.retention,
             store_server_errors: policy.store_server_errors,
+            renewer: renewer.clone(),
             renewal,
+        }
+    }
+
+    fn stop_renewal(&mut self) {
+        if let Some(id) = self.renewal.take() {
+            self.renewer.release(id);
         }
     }
 
@@ -427,7 +451,7 @@ impl<S: Store> Execution<S> {
     /// # Errors
     /// A store error, or [`StoreError::Fenced`] when the lease was lost meanwhile.
     pub async fn finish(mut self, outcome: Outcome) -> Result<Finished, StoreError> {
-        self.renewal.abort();
+        self.stop_renewal();
         self.try_finish(&outcome).await
     }
 
@@ -457,7 +481,7 @@ impl<S: Store> Execution<S> {
                 .map(|()| Finished::Released),
         };
         if matches!(result, Ok(_) | Err(StoreError::Fenced(_))) {
-            self.renewal.abort();
+            self.stop_renewal();
         }
         result
     }
@@ -473,22 +497,6 @@ impl<S: Store> std::fmt::Debug for Execution<S> {
 
 impl<S: Store> Drop for Execution<S> {
     fn drop(&mut self) {
-        self.renewal.abort();
-    }
-}
-
-async fn renew_loop<S: Store>(store: Arc<S>, key: String, token: LeaseToken, lease: Duration) {
-    // Renew at a third of the lease so two missed renewals still leave the lease alive.
-    let every = (lease / 3).max(Duration::from_millis(10));
-    loop {
-        tokio::time::sleep(every).await;
-        match store.renew(&key, token, now_millis() + millis(lease)).await {
-            Ok(()) => {}
-            Err(StoreError::Fenced(_)) => {
-                tracing::warn!("lease lost while the upstream was running; another attempt owns the key");
-                return;
-            }
-            Err(e) => tracing::warn!(error = %e, "lease renewal failed; will retry"),
-        }
+        self.stop_renewal();
     }
 }

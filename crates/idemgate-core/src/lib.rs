@@ -20,6 +20,7 @@ pub mod namespace;
 pub mod notify;
 pub mod problem;
 pub mod record;
+mod renew;
 pub mod rules;
 pub mod store;
 

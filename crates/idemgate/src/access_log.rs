@@ -59,6 +59,14 @@ impl AccessLog {
         }
     }
 
+    /// Records the namespaced key, as its digest. The digest (a SHA-256) is only computed when
+    /// access lines are written at all.
+    pub fn set_key(&mut self, key: &str) {
+        if tracing::enabled!(target: "idemgate::access", tracing::Level::INFO) {
+            self.key_digest = idemgate_core::namespace::key_digest(key);
+        }
+    }
+
     /// Records who called (tenant and project only: the subject may identify a person).
     pub fn set_principal(&mut self, p: Option<&idemgate_core::namespace::Principal>) {
         if let Some(p) = p {

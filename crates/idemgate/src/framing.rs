@@ -112,6 +112,16 @@ fn step(state: State, data: &[u8], verdicts: &Verdicts) -> (State, usize) {
     match state {
         State::Off => (State::Off, data.len()),
         State::Head(mut head) => {
+            if head.is_empty() {
+                // The usual case: the whole head came in this read. Judge it where it lies
+                // instead of copying it into the buffer first.
+                let skip = data.iter().take_while(|b| **b == b'\r' || **b == b'\n').count();
+                if let Some(end) = head_end(data, skip) {
+                    let (verdict, next) = judge(&data[skip..end]);
+                    verdicts.push(verdict);
+                    return (if verdict.is_some() { State::Off } else { next }, end);
+                }
+            }
             let start = head.len().saturating_sub(2);
             head.extend_from_slice(data);
             // Empty lines before a request line are allowed (RFC 9112 2.2).
@@ -208,24 +218,25 @@ fn step(state: State, data: &[u8], verdicts: &Verdicts) -> (State, usize) {
 /// Judges one complete head; on success also says how its body is framed.
 fn judge(head: &[u8]) -> (Verdict, State) {
     // A bare LF as a line end: some servers accept it, some do not.
-    if head
-        .iter()
-        .enumerate()
-        .any(|(i, b)| *b == b'\n' && (i == 0 || head[i - 1] != b'\r'))
-    {
+    if memchr::memchr_iter(b'\n', head).any(|i| i == 0 || head[i - 1] != b'\r') {
         return (Some("bare LF line ending"), State::Off);
     }
-    let mut headers = [httparse::EMPTY_HEADER; 128];
-    let mut req = httparse::Request::new(&mut headers);
-    if !matches!(req.parse(head), Ok(httparse::Status::Complete(_))) {
+    // Uninitialized slots: an initialized array of 128 headers is a 4 KiB memset per request.
+    let mut headers = [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; 128];
+    let mut req = httparse::Request::new(&mut []);
+    if !matches!(
+        req.parse_with_uninit_headers(head, &mut headers),
+        Ok(httparse::Status::Complete(_))
+    ) {
         // hyper refuses it too; say so in case it does not.
         return (Some("malformed request head"), State::Off);
     }
-    let mut lengths = Vec::new();
+    let (mut lengths, mut length) = (0usize, None);
     let mut te = None;
     for h in req.headers.iter() {
         if h.name.eq_ignore_ascii_case("content-length") {
-            lengths.push(h.value);
+            lengths += 1;
+            length = Some(h.value);
         } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
             if te.is_some() {
                 return (Some("several Transfer-Encoding headers"), State::Off);
@@ -233,32 +244,34 @@ fn judge(head: &[u8]) -> (Verdict, State) {
             te = Some(h.value);
         }
     }
-    match (lengths.as_slice(), te) {
-        ([], None) => (None, State::Head(Vec::new())),
-        ([_], Some(_)) | ([_, _, ..], Some(_)) => {
-            (Some("both Content-Length and Transfer-Encoding"), State::Off)
-        }
-        ([_, _, ..], None) => (Some("several Content-Length headers"), State::Off),
-        ([len], None) => match std::str::from_utf8(len)
-            .ok()
+    match (lengths, te) {
+        (0, None) => (None, State::Head(Vec::new())),
+        (1.., Some(_)) => (Some("both Content-Length and Transfer-Encoding"), State::Off),
+        (2.., None) => (Some("several Content-Length headers"), State::Off),
+        (_, None) => match length
+            .and_then(|len| std::str::from_utf8(len).ok())
             .and_then(|s| s.trim().parse::<u64>().ok())
         {
             Some(0) => (None, State::Head(Vec::new())),
             Some(n) => (None, State::Body(n)),
             None => (Some("invalid Content-Length"), State::Off),
         },
-        ([], Some(te)) if te.eq_ignore_ascii_case(b"chunked") => (None, State::ChunkSize(Vec::new())),
-        ([], Some(_)) => (Some("unsupported Transfer-Encoding"), State::Off),
+        (0, Some(te)) if te.eq_ignore_ascii_case(b"chunked") => (None, State::ChunkSize(Vec::new())),
+        (0, Some(_)) => (Some("unsupported Transfer-Encoding"), State::Off),
     }
 }
 
 /// The end of a head: a line break followed by an empty line, with CRLF or bare LF (so a
 /// bare-LF head is still seen, and refused).
 fn head_end(buf: &[u8], from: usize) -> Option<usize> {
-    (from..buf.len()).find_map(|i| match (buf[i], buf.get(i + 1), buf.get(i + 2)) {
-        (b'\n', Some(b'\n'), _) => Some(i + 2),
-        (b'\n', Some(b'\r'), Some(b'\n')) => Some(i + 3),
-        _ => None,
+    let rest = buf.get(from..)?;
+    memchr::memchr_iter(b'\n', rest).find_map(|j| {
+        let i = from + j;
+        match (buf.get(i + 1), buf.get(i + 2)) {
+            (Some(b'\n'), _) => Some(i + 2),
+            (Some(b'\r'), Some(b'\n')) => Some(i + 3),
+            _ => None,
+        }
     })
 }
 

@@ -8,7 +8,8 @@
 //! (`case`, `class`, `reason`, `status`, `provider`). With `metrics.tenant_labels: false` the
 //! tenant and project labels are left out, to bound cardinality.
 
-use std::collections::HashMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -22,13 +23,15 @@ use serde::Serialize;
 use crate::access_log::AccessLog;
 use crate::problem::Kind;
 
-/// A counter's labels.
+/// A counter's labels. The endpoint is shared with the route table and the extra label is
+/// usually a constant, so building the labels of a request allocates nothing unless tenant
+/// labels are on.
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct Labels {
     tenant: Option<String>,
     project: Option<String>,
-    endpoint: String,
-    extra: Option<(&'static str, String)>,
+    endpoint: Arc<str>,
+    extra: Option<(&'static str, Cow<'static, str>)>,
 }
 
 impl EncodeLabelSet for Labels {
@@ -40,9 +43,9 @@ impl EncodeLabelSet for Labels {
         if let Some(p) = &self.project {
             ("project", p.as_str()).encode(encoder.encode_label())?;
         }
-        ("endpoint", self.endpoint.as_str()).encode(encoder.encode_label())?;
+        ("endpoint", &*self.endpoint).encode(encoder.encode_label())?;
         if let Some((k, v)) = &self.extra {
-            (*k, v.as_str()).encode(encoder.encode_label())?;
+            (*k, v.as_ref()).encode(encoder.encode_label())?;
         }
         Ok(())
     }
@@ -54,9 +57,16 @@ pub struct OpLabels {
     pub op: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct EndpointLabels {
-    pub endpoint: String,
+    pub endpoint: Arc<str>,
+}
+
+impl EncodeLabelSet for EndpointLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeLabel;
+        ("endpoint", &*self.endpoint).encode(encoder.encode_label())
+    }
 }
 
 type Counters = Family<Labels, Counter>;
@@ -88,7 +98,8 @@ pub struct Metrics {
     store_errors: Counters,
     store_seconds: Family<OpLabels, Histogram>,
     upstream_seconds: Family<EndpointLabels, Histogram>,
-    stats: HashMap<String, RouteStats>,
+    /// Keyed by route id; the key doubles as the `endpoint` label value.
+    stats: HashMap<Arc<str>, RouteStats>,
     /// Registered family names (for the dashboard test).
     names: Vec<&'static str>,
 }
@@ -181,18 +192,23 @@ impl Metrics {
             upstream_seconds,
             stats: routes
                 .into_iter()
-                .map(|r| (r.to_owned(), RouteStats::default()))
+                .map(|r| (Arc::from(r), RouteStats::default()))
                 .collect(),
             names,
         }
     }
 
-    fn labels(&self, log: &AccessLog, extra: Option<(&'static str, String)>) -> Labels {
+    fn labels(
+        &self,
+        log: &AccessLog,
+        endpoint: &Arc<str>,
+        extra: Option<(&'static str, Cow<'static, str>)>,
+    ) -> Labels {
         let keep = |s: &str| (self.tenant_labels && !s.is_empty()).then(|| s.to_owned());
         Labels {
             tenant: keep(&log.tenant),
             project: keep(&log.project),
-            endpoint: log.endpoint.clone(),
+            endpoint: endpoint.clone(),
             extra,
         }
     }
@@ -202,25 +218,28 @@ impl Metrics {
         if log.endpoint.is_empty() {
             return; // no route: nothing per endpoint to count
         }
-        let stats = self.stats.get(&log.endpoint);
+        let (endpoint, stats) = match self.stats.get_key_value(log.endpoint.as_str()) {
+            Some((name, stats)) => (name.clone(), Some(stats)),
+            None => (Arc::from(log.endpoint.as_str()), None),
+        };
         let bump = |field: fn(&RouteStats) -> &AtomicU64| {
             if let Some(s) = stats {
                 field(s).fetch_add(1, Ordering::Relaxed);
             }
         };
         bump(|s| &s.requests);
-        let inc = |family: &Counters, extra: Option<(&'static str, String)>| {
-            family.get_or_create(&self.labels(log, extra)).inc();
+        let inc = |family: &Counters, extra: Option<(&'static str, Cow<'static, str>)>| {
+            family.get_or_create(&self.labels(log, &endpoint, extra)).inc();
         };
         if log.case != "none" {
-            inc(&self.key_present, Some(("case", log.case.to_owned())));
+            inc(&self.key_present, Some(("case", Cow::Borrowed(log.case))));
         }
         if log.key_missing {
-            inc(&self.key_missing, Some(("class", log.policy.to_owned())));
+            inc(&self.key_missing, Some(("class", Cow::Borrowed(log.policy))));
         }
         match log.outcome {
             "replayed" | "recovered" => {
-                inc(&self.cache_hit, Some(("status", status.to_string())));
+                inc(&self.cache_hit, Some(("status", status_label(status))));
                 bump(|s| &s.cache_hits);
             }
             "executed" => {
@@ -239,7 +258,7 @@ impl Metrics {
             inc(&self.store_errors, None);
             bump(|s| &s.store_errors);
         }
-        let conflict = |reason: &str| inc(&self.conflict, Some(("reason", reason.to_owned())));
+        let conflict = |reason: &'static str| inc(&self.conflict, Some(("reason", Cow::Borrowed(reason))));
         match log.refusal {
             Some(Kind::MissingKey | Kind::KeyNotAllowed) => {
                 bump(|s| &s.enforced);
@@ -247,14 +266,14 @@ impl Metrics {
             Some(Kind::InvalidKey) => {
                 inc(
                     &self.key_invalid,
-                    Some(("reason", log.reason.unwrap_or("syntax").to_owned())),
+                    Some(("reason", Cow::Borrowed(log.reason.unwrap_or("syntax")))),
                 );
                 bump(|s| &s.invalid_key);
             }
             Some(Kind::TranslationFailed) => {
                 inc(
                     &self.translation_failed,
-                    Some(("provider", log.source.to_owned())),
+                    Some(("provider", Cow::Borrowed(log.source))),
                 );
             }
             Some(Kind::KeyReused) => conflict("key_reused"),
@@ -274,10 +293,12 @@ impl Metrics {
 
     /// Records an upstream call's latency.
     pub fn upstream_latency(&self, endpoint: &str, seconds: f64) {
+        let endpoint = self
+            .stats
+            .get_key_value(endpoint)
+            .map_or_else(|| Arc::from(endpoint), |(name, _)| name.clone());
         self.upstream_seconds
-            .get_or_create(&EndpointLabels {
-                endpoint: endpoint.to_owned(),
-            })
+            .get_or_create(&EndpointLabels { endpoint })
             .observe(seconds);
     }
 
@@ -299,8 +320,24 @@ impl Metrics {
     /// Per-route counters, for `/admin/stats`.
     #[must_use]
     pub fn stats(&self) -> serde_json::Value {
-        serde_json::to_value(&self.stats).unwrap_or_default()
+        let by_route: BTreeMap<&str, &RouteStats> = self.stats.iter().map(|(k, v)| (&**k, v)).collect();
+        serde_json::to_value(by_route).unwrap_or_default()
     }
+}
+
+/// A status code as a label value; the common ones without formatting.
+fn status_label(status: u16) -> Cow<'static, str> {
+    Cow::Borrowed(match status {
+        200 => "200",
+        201 => "201",
+        202 => "202",
+        204 => "204",
+        400 => "400",
+        404 => "404",
+        409 => "409",
+        422 => "422",
+        _ => return Cow::Owned(status.to_string()),
+    })
 }
 
 /// Shared handle.

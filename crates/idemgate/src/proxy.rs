@@ -24,7 +24,7 @@ use hyper_util::rt::TokioExecutor;
 use idemgate_core::engine::{Engine, Execution, Finished, Lookup, Outcome, Started, is_storable_header};
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::{KeyError, parse_header};
-use idemgate_core::namespace::{Principal, key_digest, namespaced_key};
+use idemgate_core::namespace::{Principal, namespaced_key};
 use idemgate_core::record::{Millis, RecordState, StoredResponse};
 use idemgate_core::store::StoreError;
 use tokio_util::task::TaskTracker;
@@ -234,7 +234,7 @@ impl Gateway {
         log.case = "A";
         log.source = "header";
         let key = namespace(&route, principal.as_ref(), &raw)?;
-        log.key_digest = key_digest(&key);
+        log.set_key(&key);
         let fingerprint = request_fingerprint(&route, &parts, &body);
         let call = Call {
             route,
@@ -464,7 +464,7 @@ impl Gateway {
         }
         headers.append(
             HeaderName::from_static("x-forwarded-for"),
-            header_value(&peer.ip().to_string()),
+            forwarded_for(peer.ip()),
         );
         headers.insert(
             HeaderName::from_static("x-forwarded-proto"),
@@ -610,7 +610,7 @@ impl Gateway {
         let admitted = webhooks.admit(&route, &webhook_id, &parts, &body)?;
         log.set_principal(Some(&admitted.principal));
         let key = namespace(&route, Some(&admitted.principal), &admitted.raw_key)?;
-        log.key_digest = key_digest(&key);
+        log.set_key(&key);
         // Keyed by the provider's delivery id alone: a redelivery is the same delivery even if
         // the provider changed a field of the payload (Stripe's `pending_webhooks`), so the body
         // is not part of the fingerprint.
@@ -661,7 +661,7 @@ impl Gateway {
         log.set_principal(principal.as_ref());
         route.keys.validate(raw).map_err(|e| invalid_key(&e))?;
         let key = namespace(route, principal.as_ref(), raw)?;
-        log.key_digest = key_digest(&key);
+        log.set_key(&key);
         if route.upstream.kind == UpstreamKind::Restate {
             return self.restate_recover(route, &key, output, log).await;
         }
@@ -862,24 +862,28 @@ fn policy_name(p: PolicyKind) -> &'static str {
 }
 
 pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
-    // Headers named in Connection are hop-by-hop too.
-    if h.contains_key(header::CONNECTION) {
-        let named: Vec<HeaderName> = h
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-            .collect();
-        for name in named {
-            h.remove(name);
+    // One pass over the names (compared, not hashed) finds the few present; most messages carry
+    // none, or only `Connection: keep-alive`. Removing just those hashes once per present name.
+    let is_hop = |n: &HeaderName| HOP_BY_HOP.contains(n) || HOP_BY_HOP_EXTRA.contains(&n.as_str());
+    let mut present: Vec<HeaderName> = h.keys().filter(|n| is_hop(n)).cloned().collect();
+    if present.is_empty() {
+        return;
+    }
+    // Headers named in Connection are hop-by-hop too (`close` and `keep-alive` are the usual
+    // tokens: the first names no header, the second is removed anyway).
+    for token in h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|t| !t.eq_ignore_ascii_case("close") && !t.eq_ignore_ascii_case("keep-alive"))
+    {
+        if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
+            present.push(name);
         }
     }
-    // Standard names hash without parsing; most requests carry none of these at all.
-    for name in HOP_BY_HOP {
-        h.remove(name);
-    }
-    for name in HOP_BY_HOP_EXTRA {
+    for name in present {
         h.remove(name);
     }
 }
@@ -892,13 +896,36 @@ fn storable_headers(h: &HeaderMap) -> Vec<(String, Bytes)> {
 }
 
 fn upstream_uri(base: &Uri, incoming: &Uri) -> Result<Uri, ()> {
-    let pq = incoming
-        .path_and_query()
-        .map_or("/", http::uri::PathAndQuery::as_str);
     let prefix = base.path().trim_end_matches('/');
     let mut parts = base.clone().into_parts();
-    parts.path_and_query = Some(format!("{prefix}{pq}").parse().map_err(|_| ())?);
+    parts.path_and_query = match incoming.path_and_query() {
+        // An upstream without a path prefix (the usual case) takes the target as it came:
+        // `PathAndQuery` is shared bytes, so this neither formats nor parses.
+        Some(pq) if prefix.is_empty() && pq.as_str().starts_with('/') => Some(pq.clone()),
+        pq => {
+            let pq = pq.map_or("/", http::uri::PathAndQuery::as_str);
+            Some(format!("{prefix}{pq}").parse().map_err(|_| ())?)
+        }
+    };
     Uri::from_parts(parts).map_err(|_| ())
+}
+
+/// The `X-Forwarded-For` value for a peer. Formatting an address costs more than the rest of
+/// the header work of a request, and a connection (often a whole client) sends many requests
+/// from one address, so each thread keeps the last one.
+fn forwarded_for(ip: std::net::IpAddr) -> HeaderValue {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(std::net::IpAddr, HeaderValue)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    LAST.with_borrow_mut(|last| match last {
+        Some((cached, value)) if *cached == ip => value.clone(),
+        _ => {
+            let value = header_value(&ip.to_string());
+            *last = Some((ip, value.clone()));
+            value
+        }
+    })
 }
 
 pub(crate) fn header_value(s: &str) -> HeaderValue {

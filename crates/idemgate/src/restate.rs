@@ -32,7 +32,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use idemgate_core::namespace::{Principal, key_digest};
+use idemgate_core::namespace::Principal;
 
 pub use retention::apply_retention;
 
@@ -159,7 +159,7 @@ impl Gateway {
                 log.case = "A";
                 log.source = "header";
                 let key = namespace(&route, principal.as_ref(), &raw)?;
-                log.key_digest = key_digest(&key);
+                log.set_key(&key);
                 let fp = request_fingerprint(&route, &parts, &body);
                 self.check_fingerprint(&route, &key, fp, log).await?;
                 Some(key)

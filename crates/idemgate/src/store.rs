@@ -2,8 +2,8 @@
 //! on the request path.
 //!
 //! Every call is bounded by `store.timeout`: the networked stores (redis, postgres) bound each
-//! call themselves (connecting and retrying a lost connection included); the local ones are
-//! bounded here, so a stalled disk cannot hang a request either. A call past its bound is
+//! call themselves (connecting and retrying a lost connection included); the embedded store is
+//! bounded here, so a stalled disk cannot hang a request either (the memory store never waits). A call past its bound is
 //! [`StoreError::Timeout`], and the route's `on_store_error` decides what the client gets.
 //!
 //! Opening never waits for a server: a gateway starts while Redis or PostgreSQL is down,
@@ -27,7 +27,7 @@ const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
 #[derive(Debug)]
 pub enum AnyStore {
-    Memory(Arc<MemoryStore>, Duration),
+    Memory(Arc<MemoryStore>),
     Embedded(Arc<EmbeddedStore>, Duration),
     Redis(Arc<RedisStore>),
     Postgres(Arc<PostgresStore>),
@@ -51,7 +51,7 @@ impl AnyStore {
             StoreKind::Memory => {
                 let store = Arc::new(MemoryStore::new(config.max_bytes));
                 store.spawn_sweeper(SWEEP_EVERY);
-                Self::Memory(store, config.timeout)
+                Self::Memory(store)
             }
             StoreKind::Embedded => {
                 let store = Arc::new(EmbeddedStore::open(&config.path)?);
@@ -104,7 +104,8 @@ async fn bounded<T>(
 macro_rules! each {
     ($self:ident, $s:ident => $e:expr) => {
         match $self {
-            AnyStore::Memory($s, limit) => bounded(*limit, $e).await,
+            // Never bounded: the memory store answers on its first poll (a std mutex, no await).
+            AnyStore::Memory($s) => $e.await,
             AnyStore::Embedded($s, limit) => bounded(*limit, $e).await,
             AnyStore::Redis($s) => $e.await,
             AnyStore::Postgres($s) => $e.await,
@@ -143,7 +144,7 @@ impl Store for AnyStore {
     }
     fn notifier(&self) -> &Arc<Notifier> {
         match self {
-            Self::Memory(s, _) => s.notifier(),
+            Self::Memory(s) => s.notifier(),
             Self::Embedded(s, _) => s.notifier(),
             Self::Redis(s) => s.notifier(),
             Self::Postgres(s) => s.notifier(),
