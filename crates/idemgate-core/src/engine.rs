@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::fingerprint::Fingerprint;
+use crate::notify::Handoff;
 use crate::record::{LeaseToken, Millis, RecordState, StoredResponse, now_millis};
 use crate::renew::Renewer;
 use crate::rules::{Begin, BeginRequest};
@@ -271,6 +272,7 @@ impl<S: Store> Engine<S> {
                     return Ok(Started::Execute(Execution::start(
                         self.store.clone(),
                         &self.renewer,
+                        (fingerprint, route),
                         key,
                         token,
                         operation_id,
@@ -323,10 +325,36 @@ impl<S: Store> Engine<S> {
             let wake_at = wait_until.min(lease_until + 1);
             let nap = Duration::from_millis(wake_at.saturating_sub(now_millis()));
             *waited = true;
-            let _ = tokio::time::timeout(nap, sub.notified()).await;
+            if let Ok(Some(handoff)) = tokio::time::timeout(nap, sub.notified()).await {
+                // The owner ran on this process and handed its recorded outcome over: answer
+                // as `begin` on that record would, without reading it back.
+                return Ok(replay_handoff(&handoff, fingerprint, route));
+            }
             // A fresh subscription for the next round: the old one has fired.
             subscription = Some(self.store.notifier().subscribe(key));
         }
+    }
+}
+
+/// What a waiter answers from a handed-over outcome: what `rules::begin` answers on the same
+/// completed record (replay for the same request, mismatch for another).
+fn replay_handoff<S: Store>(h: &Handoff, fingerprint: Fingerprint, route: &str) -> Started<S> {
+    if !(h.fingerprint.ct_eq(&fingerprint) && h.route == route) {
+        return Started::Mismatch {
+            operation_id: h.operation_id.clone(),
+        };
+    }
+    match h.response.body {
+        Some(_) => Started::Replay {
+            response: h.response.clone(),
+            operation_id: h.operation_id.clone(),
+            expires_at: h.expires_at,
+        },
+        None => Started::NotRetained {
+            status: h.response.status,
+            operation_id: h.operation_id.clone(),
+            expires_at: h.expires_at,
+        },
     }
 }
 
@@ -407,6 +435,9 @@ pub struct Execution<S: Store> {
     operation_id: String,
     retention: Duration,
     store_server_errors: bool,
+    /// What the record was begun for, handed with the outcome to local waiters.
+    fingerprint: Fingerprint,
+    route: String,
     renewer: Arc<Renewer<S>>,
     /// The lease renewal's id while it runs.
     renewal: Option<u64>,
@@ -416,6 +447,7 @@ impl<S: Store> Execution<S> {
     fn start(
         store: Arc<S>,
         renewer: &Arc<Renewer<S>>,
+        (fingerprint, route): (Fingerprint, &str),
         key: &str,
         token: LeaseToken,
         operation_id: String,
@@ -429,6 +461,8 @@ impl<S: Store> Execution<S> {
             operation_id,
             retention: policy.retention,
             store_server_errors: policy.store_server_errors,
+            fingerprint,
+            route: route.to_owned(),
             renewer: renewer.clone(),
             renewal,
         }
@@ -467,12 +501,22 @@ impl<S: Store> Execution<S> {
             Outcome::Response(response) if is_final(response.status, self.store_server_errors) => {
                 let now = now_millis();
                 let retention = millis(self.retention);
-                self.store
+                let done = self
+                    .store
                     .complete(&self.key, self.token, response.clone(), retention, now)
-                    .await
-                    .map(|()| Finished::Completed {
+                    .await;
+                if done.is_ok() {
+                    self.store.notifier().publish(&self.key, || Handoff {
+                        fingerprint: self.fingerprint,
+                        route: self.route.clone(),
+                        operation_id: self.operation_id.clone(),
+                        response: response.clone(),
                         expires_at: now + retention,
-                    })
+                    });
+                }
+                done.map(|()| Finished::Completed {
+                    expires_at: now + retention,
+                })
             }
             _ => self
                 .store

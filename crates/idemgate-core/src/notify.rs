@@ -5,12 +5,20 @@
 //! complete or release; distributed stores feed it from their own channel (Redis pub/sub,
 //! PostgreSQL `LISTEN`). Because the waiter always re-checks the store after waking, a lost
 //! notification only delays a waiter until its next timer; it never hangs it.
+//!
+//! An execution on this process that recorded its outcome also hands it over
+//! ([`Notifier::publish`]): its local waiters answer from the [`Handoff`] instead of each reading
+//! the store again (a duplicate storm on a networked store was one store round trip per
+//! waiter). Waiters on other replicas still read the store.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::Notify;
+
+use crate::fingerprint::Fingerprint;
+use crate::record::{Millis, StoredResponse};
 
 const SHARDS: usize = 32;
 
@@ -26,6 +34,19 @@ pub struct Notifier {
 struct Entry {
     notify: Arc<Notify>,
     subscribers: usize,
+    /// Counts publications, so a subscription takes only a handoff published after it began.
+    published: u64,
+    handoff: Option<Arc<Handoff>>,
+}
+
+/// A completed outcome, as recorded in the store by the execution that publishes it.
+#[derive(Debug)]
+pub struct Handoff {
+    pub fingerprint: Fingerprint,
+    pub route: String,
+    pub operation_id: String,
+    pub response: StoredResponse,
+    pub expires_at: Millis,
 }
 
 impl Default for Notifier {
@@ -58,10 +79,13 @@ impl Notifier {
             let entry = shard.entry(key.into()).or_insert_with(|| Entry {
                 notify: Arc::new(Notify::new()),
                 subscribers: 0,
+                published: 0,
+                handoff: None,
             });
             entry.subscribers += 1;
-            entry.notify.clone()
+            (entry.notify.clone(), entry.published)
         };
+        let (notify, seen) = notify;
         let mut notified = Box::pin(notify.notified_owned());
         // Enabled now, so a notify_waiters() between here and the first poll still counts.
         notified.as_mut().enable();
@@ -69,6 +93,18 @@ impl Notifier {
             notifier: self.clone(),
             key: key.into(),
             notified,
+            seen,
+        }
+    }
+
+    /// Wakes the key's waiters with the outcome `handoff` builds (only built if someone waits).
+    /// Call it only once the outcome is recorded in the store.
+    pub fn publish(&self, key: &str, handoff: impl FnOnce() -> Handoff) {
+        let mut shard = self.shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(entry) = shard.get_mut(key) {
+            entry.published += 1;
+            entry.handoff = Some(Arc::new(handoff()));
+            entry.notify.notify_waiters();
         }
     }
 
@@ -106,12 +142,24 @@ pub struct Subscription {
     notifier: Arc<Notifier>,
     key: Box<str>,
     notified: std::pin::Pin<Box<tokio::sync::futures::OwnedNotified>>,
+    /// Publications before this subscription, whose handoffs it must not take.
+    seen: u64,
 }
 
 impl Subscription {
-    /// Resolves at the next notification for the key.
-    pub async fn notified(&mut self) {
+    /// Resolves at the next notification for the key, with the outcome when it came with one
+    /// published after this subscription began (see [`Notifier::publish`]).
+    pub async fn notified(&mut self) -> Option<Arc<Handoff>> {
         self.notified.as_mut().await;
+        let shard = self
+            .notifier
+            .shard(&self.key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let entry = shard.get(&*self.key)?;
+        (entry.published > self.seen)
+            .then(|| entry.handoff.clone())
+            .flatten()
     }
 }
 
