@@ -678,7 +678,7 @@ storm_row() { # TARGET URL SUT_PID EXPECT_EXEC
   sleep 0.2
   e1="$(curl -s --max-time 5 "http://127.0.0.1:$SLOW_PORT/executions" | tr -dc 0-9)"
   log "storm / $target: ${line#RESULT } upstream_executions=$((e1 - e0))"
-  echo "storm|$target|$(kv "$line" n)|$(kv "$line" ok)|$(kv "$line" fresh)|$(kv "$line" replayed)|$(kv "$line" non2xx)|$(kv "$line" sock_errors)|$(kv "$line" p50_us)|$(kv "$line" p99_us)|$(kv "$line" max_us)|$((e1 - e0))|$STORM_DELAY_MS|$FOREIGN|$(kv "$line" statuses)" >>"$RESULTS"
+  echo "storm|$target|$(kv "$line" n)|$(kv "$line" ok)|$(kv "$line" fresh)|$(kv "$line" replayed)|$(kv "$line" non2xx)|$(kv "$line" sock_errors)|$(kv "$line" p50_us)|$(kv "$line" p99_us)|$(kv "$line" max_us)|$((e1 - e0))|$STORM_DELAY_MS|$FOREIGN|$(kv "$line" statuses)|$(kv "$line" burst_max_us)" >>"$RESULTS"
 }
 
 rate_row() { # STORE-TARGET LABEL PORT MODE SUT_PID RATE
