@@ -8,9 +8,11 @@
 //! compaction and journal tuning that a record store of short-lived keys does not need.
 //!
 //! Group commit: every mutation goes to one writer thread, which drains whatever is queued
-//! (up to [`MAX_BATCH`]), applies it in one write transaction, commits it with an fsync, and only
-//! then answers each caller. Durability therefore costs one fsync per batch, not per request, and
-//! a record is on disk before the client sees the response.
+//! (up to [`MAX_BATCH`]) and applies it in one write transaction. Operations that must survive a
+//! crash (outcomes, releases, purges) are answered only after one fsync covering the whole batch;
+//! the rest (reservations that may be taken over, renewals) right after the commit, without
+//! waiting for the disk (see `writer`). Durability therefore costs one fsync per batch, not per
+//! request, and an outcome is on disk before the client sees the response.
 //!
 //! Reads that need no write (a replay, a mismatch, a key in flight) are answered from a read
 //! snapshot on the caller's task without queueing behind the writer.
@@ -56,7 +58,16 @@ impl std::fmt::Debug for EmbeddedStore {
 }
 
 impl Op {
-    /// Whether the batch holding this operation must reach the disk before it is answered.
+    /// The key the operation touches (a sweep touches whichever are due).
+    fn key(&self) -> Option<&str> {
+        match self {
+            Op::Begin(key, ..) | Op::Release(key, ..) | Op::Renew(key, ..) | Op::Purge(key, ..) => Some(key),
+            Op::Complete { key, .. } => Some(key),
+            Op::Sweep(..) => None,
+        }
+    }
+
+    /// Whether this operation must reach the disk before it is answered.
     ///
     /// A completed outcome, a release, a purge, and a reservation that may never be taken over
     /// (`on_lease_expiry: fail`) must survive a crash. A reservation that may be taken over need
@@ -351,9 +362,16 @@ impl Reply {
     }
 }
 
-/// The writer thread: drains the queue into batches, one durable commit per batch.
+/// The writer thread: drains the queue into batches. Each batch is applied and committed
+/// without an fsync, then the operations that need no durability (reservations that may be
+/// taken over, renewals, sweeps) are answered at once; if the batch holds any that do
+/// (outcomes, releases, purges), an empty durable commit follows, which makes everything before
+/// it durable with one fsync, and those are answered after it. A reservation is then never
+/// queued behind someone else's fsync: the common miss waits for one disk flush (its outcome),
+/// not two.
 fn writer(db: &Database, mut rx: mpsc::UnboundedReceiver<Op>, notifier: &Notifier, commits: &AtomicU64) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
+    let mut durable_keys = std::collections::HashSet::new();
     while let Some(first) = rx.blocking_recv() {
         batch.push(first);
         while batch.len() < MAX_BATCH {
@@ -362,38 +380,65 @@ fn writer(db: &Database, mut rx: mpsc::UnboundedReceiver<Op>, notifier: &Notifie
                 Err(_) => break,
             }
         }
-        let mut replies = Vec::with_capacity(batch.len());
-        let durable = batch.iter().any(Op::needs_durability);
-        let committed = apply_batch(db, batch.drain(..), durable, &mut replies);
-        match committed {
-            Ok(()) => {
-                commits.fetch_add(1, Ordering::Relaxed);
-                if durable {
-                    commits.fetch_add(1 << 32, Ordering::Relaxed);
+        // An operation is answered early unless it needs the disk, or it read a key that an
+        // operation needing the disk wrote earlier in this batch (a replay of an outcome must
+        // not go out before the outcome is durable).
+        durable_keys.clear();
+        let early: Vec<bool> = batch
+            .iter()
+            .map(|op| {
+                if op.needs_durability() {
+                    if let Some(key) = op.key() {
+                        durable_keys.insert(key.to_owned());
+                    }
+                    false
+                } else {
+                    op.key().is_none_or(|k| !durable_keys.contains(k))
                 }
-                replies.into_iter().for_each(|r| r.send(notifier));
+            })
+            .collect();
+        let mut replies = Vec::with_capacity(batch.len());
+        let fail = |replies: Vec<Reply>, e: &redb::Error| {
+            tracing::error!(error = %e, "embedded store commit failed");
+            let msg = format!("commit failed: {e}");
+            replies.into_iter().for_each(|r| r.fail(&msg));
+        };
+        if let Err(e) = apply_batch(db, batch.drain(..), &mut replies) {
+            fail(replies, &e);
+            continue;
+        }
+        commits.fetch_add(1, Ordering::Relaxed);
+        let mut later = Vec::new();
+        for (reply, early) in replies.into_iter().zip(early) {
+            if early {
+                reply.send(notifier);
+            } else {
+                later.push(reply);
             }
-            Err(e) => {
-                tracing::error!(error = %e, "embedded store commit failed");
-                let msg = format!("commit failed: {e}");
-                replies.into_iter().for_each(|r| r.fail(&msg));
+        }
+        if later.is_empty() {
+            continue;
+        }
+        match flush(db) {
+            Ok(()) => {
+                commits.fetch_add(1 | (1 << 32), Ordering::Relaxed);
+                later.into_iter().for_each(|r| r.send(notifier));
             }
+            Err(e) => fail(later, &e),
         }
     }
 }
 
+/// Applies a batch in one write transaction, committed without an fsync.
 fn apply_batch(
     db: &Database,
     ops: impl Iterator<Item = Op>,
-    durable: bool,
     replies: &mut Vec<Reply>,
 ) -> Result<(), redb::Error> {
     let mut txn = db.begin_write()?;
-    if !durable {
-        // Persisted by the next durable commit; see `Op::needs_durability`.
-        txn.set_durability(redb::Durability::None)
-            .map_err(|e| redb::Error::Io(std::io::Error::other(e.to_string())))?;
-    }
+    // Persisted by the next durable commit (`flush`); see `Op::needs_durability`.
+    txn.set_durability(redb::Durability::None)
+        .map_err(|e| redb::Error::Io(std::io::Error::other(e.to_string())))?;
     {
         let mut records = txn.open_table(RECORDS)?;
         let mut expiry = txn.open_table(EXPIRY)?;
@@ -406,6 +451,12 @@ fn apply_batch(
         }
     }
     txn.commit()?;
+    Ok(())
+}
+
+/// An empty durable commit: redb persists every commit before it with this one's fsync.
+fn flush(db: &Database) -> Result<(), redb::Error> {
+    db.begin_write()?.commit()?;
     Ok(())
 }
 
