@@ -254,7 +254,10 @@ impl<S: Store> Engine<S> {
         let token = LeaseToken::random();
         let operation_id = new_operation_id();
         let wait_until = now_millis() + millis(policy.wait_timeout);
-        let mut subscription = None;
+        // A remote store subscribes first, so a key found in flight is waited on without asking
+        // again (see `Store::remote`).
+        let mut subscription = (self.store.remote() && policy.concurrent == Concurrency::Wait)
+            .then(|| self.store.notifier().subscribe(key));
         loop {
             let now = now_millis();
             let req = BeginRequest {

@@ -83,6 +83,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// The registry waiters subscribe to; the store notifies it after complete and release.
     fn notifier(&self) -> &Arc<Notifier>;
+
+    /// Whether each call is a network round trip. A request that may wait then subscribes to
+    /// notifications before its first `begin` (one round trip per waiter, not two: the second
+    /// `begin` closes the race between a first answer and a late subscription). Local stores
+    /// answer in microseconds and spare requests that never wait the subscription.
+    fn remote(&self) -> bool {
+        false
+    }
 }
 
 impl<S: Store> Store for Arc<S> {
@@ -125,6 +133,9 @@ impl<S: Store> Store for Arc<S> {
     }
     fn notifier(&self) -> &Arc<Notifier> {
         (**self).notifier()
+    }
+    fn remote(&self) -> bool {
+        (**self).remote()
     }
 }
 
@@ -170,6 +181,8 @@ pub trait DynStore: Send + Sync + 'static {
     fn ping_dyn(&self) -> BoxFuture<'_, Result<(), StoreError>>;
     /// [`Store::notifier`].
     fn notifier_dyn(&self) -> &Arc<Notifier>;
+    /// [`Store::remote`].
+    fn remote_dyn(&self) -> bool;
 }
 
 impl<S: Store> DynStore for S {
@@ -213,6 +226,9 @@ impl<S: Store> DynStore for S {
     fn notifier_dyn(&self) -> &Arc<Notifier> {
         self.notifier()
     }
+    fn remote_dyn(&self) -> bool {
+        self.remote()
+    }
 }
 
 impl Store for Arc<dyn DynStore> {
@@ -250,6 +266,9 @@ impl Store for Arc<dyn DynStore> {
     }
     fn notifier(&self) -> &Arc<Notifier> {
         (**self).notifier_dyn()
+    }
+    fn remote(&self) -> bool {
+        (**self).remote_dyn()
     }
 }
 

@@ -14,10 +14,11 @@ use idemgate_core::record::{LeaseToken, Millis, Record, StoredResponse};
 use idemgate_core::rules::{Begin, BeginRequest};
 use idemgate_core::store::{Store, StoreError};
 
-/// The memory store, counting `begin` calls.
+/// The memory store, counting `begin` calls; `remote` makes it pose as a networked store.
 struct Counting {
     inner: MemoryStore,
     begins: AtomicUsize,
+    remote: bool,
 }
 
 impl Store for Counting {
@@ -53,6 +54,9 @@ impl Store for Counting {
     fn notifier(&self) -> &Arc<Notifier> {
         self.inner.notifier()
     }
+    fn remote(&self) -> bool {
+        self.remote
+    }
 }
 
 fn response(body: &'static str) -> StoredResponse {
@@ -65,10 +69,21 @@ fn response(body: &'static str) -> StoredResponse {
 
 #[tokio::test]
 async fn local_waiters_take_the_outcome_without_reading_the_store() {
+    storm(false).await;
+}
+
+/// On a networked store a waiter subscribes before its first `begin`, so it asks once, not twice.
+#[tokio::test]
+async fn waiters_on_a_remote_store_ask_once() {
+    storm(true).await;
+}
+
+async fn storm(remote: bool) {
     const WAITERS: usize = 50;
     let store = Arc::new(Counting {
         inner: MemoryStore::new(1 << 20),
         begins: AtomicUsize::new(0),
+        remote,
     });
     let engine = Engine::new(store.clone());
     let (same, other) = (Fingerprint([1; 32]), Fingerprint([2; 32]));
@@ -91,8 +106,9 @@ async fn local_waiters_take_the_outcome_without_reading_the_store() {
             engine.begin("k", route, fp, &policy).await
         }));
     }
-    // Each waiter asks twice before it sleeps (once, then again after subscribing).
-    let asked = 1 + 2 * WAITERS + 2;
+    // Each waiter asks twice before it sleeps (once, then again after subscribing), or once
+    // when it subscribed first.
+    let asked = 1 + if remote { WAITERS } else { 2 * WAITERS } + 2;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while store.begins.load(Ordering::SeqCst) < asked {
         assert!(

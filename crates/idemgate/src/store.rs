@@ -142,6 +142,9 @@ impl Store for AnyStore {
     async fn ping(&self) -> Result<(), StoreError> {
         each!(self, s => s.ping())
     }
+    fn remote(&self) -> bool {
+        matches!(self, Self::Redis(_) | Self::Postgres(_))
+    }
     fn notifier(&self) -> &Arc<Notifier> {
         match self {
             Self::Memory(s) => s.notifier(),

@@ -575,6 +575,10 @@ impl Store for PostgresStore {
         })
     }
 
+    fn remote(&self) -> bool {
+        true
+    }
+
     fn notifier(&self) -> &Arc<Notifier> {
         &self.notifier
     }

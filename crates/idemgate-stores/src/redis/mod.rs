@@ -491,6 +491,10 @@ impl Store for RedisStore {
             .map_err(|_| StoreError::Timeout)?
     }
 
+    fn remote(&self) -> bool {
+        true
+    }
+
     fn notifier(&self) -> &Arc<Notifier> {
         &self.notifier
     }
