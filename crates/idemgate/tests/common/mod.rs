@@ -261,32 +261,60 @@ impl Gateway {
     }
 
     async fn spawn_env(&mut self, env: &[(&str, &str)]) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
+        // The port came from `free_addr`, which gives it back before the gateway binds it; another
+        // test may take it meanwhile (then a connect would reach *that* listener). So the gateway
+        // is ready when its own log says it listens; if it could not bind, it moves to a new port.
+        for _ in 0..5 {
+            let from = std::fs::metadata(&self.log).map_or(0, |m| m.len());
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.log)
+                .unwrap();
+            let mut child = Command::new(env!("CARGO_BIN_EXE_idemgate"))
+                .args(["serve", "--config"])
+                .arg(&self.config)
+                .current_dir(self.dir.path())
+                .envs(env.iter().copied())
+                .stdout(Stdio::from(log.try_clone().unwrap()))
+                .stderr(Stdio::from(log))
+                .spawn()
+                .unwrap();
+            let since = |path: &PathBuf| {
+                let text = std::fs::read(path).unwrap_or_default();
+                String::from_utf8_lossy(text.get(usize::try_from(from).unwrap()..).unwrap_or_default())
+                    .into_owned()
+            };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if since(&self.log).contains("idemgate listening")
+                    && std::net::TcpStream::connect(self.addr).is_ok()
+                {
+                    self.child = Some(child);
+                    return;
+                }
+                if child.try_wait().unwrap().is_some() {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "gateway did not start: {}",
+                    since(&self.log)
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let out = since(&self.log);
+            assert!(out.contains("cannot listen"), "gateway exited at start: {out}");
+            let moved = free_addr();
+            let config = std::fs::read_to_string(&self.config).unwrap();
+            std::fs::write(
+                &self.config,
+                config.replace(&self.addr.to_string(), &moved.to_string()),
+            )
             .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_idemgate"))
-            .args(["serve", "--config"])
-            .arg(&self.config)
-            .current_dir(self.dir.path())
-            .envs(env.iter().copied())
-            .stdout(Stdio::from(log.try_clone().unwrap()))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
-        let addr = self.addr;
-        let log_path = self.log.clone();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(addr).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "gateway did not start: {}",
-                std::fs::read_to_string(&log_path).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            self.addr = moved;
         }
+        panic!("the gateway found no free port in 5 tries");
     }
 
     /// A file in the gateway's directory.
