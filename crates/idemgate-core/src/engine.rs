@@ -286,18 +286,11 @@ impl<S: Store> Engine<S> {
                     let RecordState::Completed { response, .. } = record.state else {
                         unreachable!("rules::begin replays only completed records")
                     };
-                    return Ok(match response.body {
-                        Some(_) => Started::Replay {
-                            response,
-                            operation_id: record.operation_id,
-                            expires_at: record.expires_at,
-                        },
-                        None => Started::NotRetained {
-                            status: response.status,
-                            operation_id: record.operation_id,
-                            expires_at: record.expires_at,
-                        },
-                    });
+                    return Ok(Started::completed(
+                        response,
+                        record.operation_id,
+                        record.expires_at,
+                    ));
                 }
                 Begin::Mismatch { operation_id } => return Ok(Started::Mismatch { operation_id }),
                 Begin::LeaseExpired { operation_id } => {
@@ -347,17 +340,24 @@ fn replay_handoff<S: Store>(h: &Handoff, fingerprint: Fingerprint, route: &str) 
             operation_id: h.operation_id.clone(),
         };
     }
-    match h.response.body {
-        Some(_) => Started::Replay {
-            response: h.response.clone(),
-            operation_id: h.operation_id.clone(),
-            expires_at: h.expires_at,
-        },
-        None => Started::NotRetained {
-            status: h.response.status,
-            operation_id: h.operation_id.clone(),
-            expires_at: h.expires_at,
-        },
+    Started::completed(h.response.clone(), h.operation_id.clone(), h.expires_at)
+}
+
+impl<S: Store> Started<S> {
+    /// A completed outcome's answer: replayed, or not retained when its body was too large.
+    fn completed(response: StoredResponse, operation_id: String, expires_at: Millis) -> Self {
+        match response.body {
+            Some(_) => Self::Replay {
+                response,
+                operation_id,
+                expires_at,
+            },
+            None => Self::NotRetained {
+                status: response.status,
+                operation_id,
+                expires_at,
+            },
+        }
     }
 }
 

@@ -213,15 +213,20 @@ impl Metrics {
         }
     }
 
+    /// A route's `endpoint` label (shared with the route table, not allocated) and its stats.
+    fn route(&self, id: &str) -> (Arc<str>, Option<&RouteStats>) {
+        match self.stats.get_key_value(id) {
+            Some((name, stats)) => (name.clone(), Some(stats)),
+            None => (Arc::from(id), None),
+        }
+    }
+
     /// Records one finished request.
     pub fn observe(&self, log: &AccessLog, status: u16) {
         if log.endpoint.is_empty() {
             return; // no route: nothing per endpoint to count
         }
-        let (endpoint, stats) = match self.stats.get_key_value(log.endpoint.as_str()) {
-            Some((name, stats)) => (name.clone(), Some(stats)),
-            None => (Arc::from(log.endpoint.as_str()), None),
-        };
+        let (endpoint, stats) = self.route(&log.endpoint);
         let bump = |field: fn(&RouteStats) -> &AtomicU64| {
             if let Some(s) = stats {
                 field(s).fetch_add(1, Ordering::Relaxed);
@@ -293,10 +298,7 @@ impl Metrics {
 
     /// Records an upstream call's latency.
     pub fn upstream_latency(&self, endpoint: &str, seconds: f64) {
-        let endpoint = self
-            .stats
-            .get_key_value(endpoint)
-            .map_or_else(|| Arc::from(endpoint), |(name, _)| name.clone());
+        let (endpoint, _) = self.route(endpoint);
         self.upstream_seconds
             .get_or_create(&EndpointLabels { endpoint })
             .observe(seconds);
