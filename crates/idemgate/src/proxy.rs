@@ -287,19 +287,8 @@ impl Gateway {
         let started = match begun {
             Ok(s) => s,
             Err(e) => {
-                log.store_error = true;
-                tracing::warn!(error = %e, endpoint = %route.id, "store error");
-                return match route.on_store_error {
-                    OnStoreError::FailClosed => Err(Problem::new(
-                        Kind::StoreUnavailable,
-                        "the idempotency store is unavailable",
-                    )
-                    .retry_after(1)),
-                    OnStoreError::FailOpen => {
-                        log.outcome = "fail_open";
-                        self.forward(&route, parts, body, peer, principal.as_ref()).await
-                    }
-                };
+                store_failed(&route, &e, log)?;
+                return self.forward(&route, parts, body, peer, principal.as_ref()).await;
             }
         };
         match started {
@@ -748,6 +737,23 @@ pub(crate) fn namespace(route: &Route, principal: Option<&Principal>, raw: &str)
             "this endpoint needs an authenticated caller",
         )
     })
+}
+
+/// A store call of a deduplicating request failed: logs it and applies the route's
+/// `on_store_error`. `Ok` is fail-open (the caller goes on without deduplication), `Err` the
+/// 503 to answer.
+pub(crate) fn store_failed(route: &Route, e: &StoreError, log: &mut AccessLog) -> Result<(), Problem> {
+    log.store_error = true;
+    tracing::warn!(error = %e, endpoint = %route.id, "store error");
+    match route.on_store_error {
+        OnStoreError::FailClosed => {
+            Err(Problem::new(Kind::StoreUnavailable, "the idempotency store is unavailable").retry_after(1))
+        }
+        OnStoreError::FailOpen => {
+            log.outcome = "fail_open";
+            Ok(())
+        }
+    }
 }
 
 fn not_retained(status: u16, operation_id: String) -> Problem {

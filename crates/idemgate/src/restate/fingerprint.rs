@@ -36,7 +36,7 @@ use idemgate_core::record::StoredResponse;
 use idemgate_core::store::StoreError;
 
 use crate::access_log::AccessLog;
-use crate::config::{OnStoreError, Route};
+use crate::config::Route;
 use crate::problem::{Kind, Problem};
 use crate::proxy::Gateway;
 
@@ -91,21 +91,7 @@ impl Gateway {
                 log.waited |= waited;
                 started
             }
-            Ok(Err(e)) => {
-                log.store_error = true;
-                tracing::warn!(error = %e, endpoint = %route.id, "store error");
-                return match route.on_store_error {
-                    OnStoreError::FailClosed => Err(Problem::new(
-                        Kind::StoreUnavailable,
-                        "the idempotency store is unavailable",
-                    )
-                    .retry_after(1)),
-                    OnStoreError::FailOpen => {
-                        log.outcome = "fail_open";
-                        Ok(())
-                    }
-                };
-            }
+            Ok(Err(e)) => return crate::proxy::store_failed(route, &e, log),
             Err(_) => {
                 return Err(
                     Problem::new(Kind::StoreUnavailable, "the fingerprint check failed").retry_after(1),
