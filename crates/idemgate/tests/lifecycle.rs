@@ -14,34 +14,48 @@ async fn forty_concurrent_requests_execute_once() {
     let up = Upstream::start().await;
     for store in STORES {
         let gw = Gateway::start(&up, store, "").await;
-        let k = key("storm");
-        let url = gw.url("/api/v1/orders");
-        let calls: Vec<_> = (0..40)
-            .map(|_| {
-                let req = post(&url, Some(&k), r#"{"amount":100}"#).header("x-demo-delay-ms", "300");
-                tokio::spawn(async move {
-                    let r = req.send().await.unwrap();
-                    let replayed = header(&r, "idempotent-replayed").is_some();
-                    (r.status().as_u16(), replayed, r.bytes().await.unwrap())
-                })
-            })
-            .collect();
-        let mut results = Vec::new();
-        for c in calls {
-            results.push(c.await.unwrap());
-        }
-        assert_eq!(up.executions(&k), 1, "{store}: the upstream ran exactly once");
-        assert!(results.iter().all(|(s, _, _)| *s == 201), "{store}: {results:?}");
-        assert!(
-            results.iter().all(|(_, _, b)| *b == results[0].2),
-            "{store}: every caller got the same body"
-        );
-        assert_eq!(
-            results.iter().filter(|(_, r, _)| *r).count(),
-            39,
-            "{store}: all but one are replays"
-        );
+        forty_execute_once(&up, &gw, store).await;
     }
+}
+
+/// A gateway limited to one core runs tokio's current-thread scheduler (CI machines have more
+/// cores, so without this the single-threaded runtime would go untested).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forty_concurrent_requests_execute_once_on_one_worker_thread() {
+    let up = Upstream::start().await;
+    let routes = "upstreams:\n  app:\n    url: {upstream}\nroutes:\n  - id: orders\n    method: POST\n    path: /api/v1/orders\n    upstream: app\n    policy: required\n    scope: global\n";
+    let gw = Gateway::start_yaml(&up, routes, &[("IDEMGATE_WORKER_THREADS", "1")], &[]).await;
+    forty_execute_once(&up, &gw, "memory, one worker").await;
+}
+
+async fn forty_execute_once(up: &Upstream, gw: &Gateway, label: &str) {
+    let k = key("storm");
+    let url = gw.url("/api/v1/orders");
+    let calls: Vec<_> = (0..40)
+        .map(|_| {
+            let req = post(&url, Some(&k), r#"{"amount":100}"#).header("x-demo-delay-ms", "300");
+            tokio::spawn(async move {
+                let r = req.send().await.unwrap();
+                let replayed = header(&r, "idempotent-replayed").is_some();
+                (r.status().as_u16(), replayed, r.bytes().await.unwrap())
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for c in calls {
+        results.push(c.await.unwrap());
+    }
+    assert_eq!(up.executions(&k), 1, "{label}: the upstream ran exactly once");
+    assert!(results.iter().all(|(s, _, _)| *s == 201), "{label}: {results:?}");
+    assert!(
+        results.iter().all(|(_, _, b)| *b == results[0].2),
+        "{label}: every caller got the same body"
+    );
+    assert_eq!(
+        results.iter().filter(|(_, r, _)| *r).count(),
+        39,
+        "{label}: all but one are replays"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
