@@ -11,6 +11,7 @@
 //! - [`problem`]: RFC 9457 responses, the one place mapping refusals to status codes.
 //! - [`store`]: the configured store behind one enum.
 //! - [`server`]: the listener and graceful shutdown.
+//! - [`upstream`]: the upstream connection pool.
 //! - [`restate`]: Restate upstreams: Restate deduplicates, idemgate namespaces (SPEC 9).
 //! - [`webhook`]: case B: registry, provider signatures, delivery identifiers.
 //! - [`admin`]: the admin listener: health, readiness, metrics, stats, records.
@@ -32,4 +33,5 @@ pub mod restate;
 pub mod routes;
 pub mod server;
 pub mod store;
+pub mod upstream;
 pub mod webhook;

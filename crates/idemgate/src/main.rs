@@ -286,14 +286,15 @@ async fn records_via_admin(url: &str, token_env: &str, key: &str, purge: bool) -
         })
         .uri(uri)
         .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
-        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
         .map_err(|e| (1, e.to_string()))?;
-    let client =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-    let resp = client
-        .request(req)
-        .await
-        .map_err(|e| (1, format!("cannot reach the admin API: {e}")))?;
+    let resp = idemgate::upstream::Upstreams::new(
+        std::time::Duration::from_secs(5),
+        std::time::Duration::from_secs(1),
+    )
+    .request(req)
+    .await
+    .map_err(|e| (1, format!("cannot reach the admin API: {e}")))?;
     let status = resp.status();
     let body = resp
         .into_body()

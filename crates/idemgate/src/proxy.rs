@@ -18,9 +18,6 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use idemgate_core::engine::{Engine, Execution, Finished, Lookup, Outcome, Started, is_storable_header};
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::{KeyError, parse_header};
@@ -37,6 +34,7 @@ use crate::identity;
 use crate::metrics::Metrics;
 use crate::problem::{Kind, Problem};
 use crate::store::AnyStore;
+use crate::upstream::{UpstreamBody, Upstreams};
 
 /// `x-operation-id`: the record's id, identical on the first response and every replay.
 pub const OPERATION_ID: HeaderName = HeaderName::from_static("x-operation-id");
@@ -58,27 +56,20 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 /// Hop-by-hop too, but not standard names in `http`.
 const HOP_BY_HOP_EXTRA: [&str; 2] = ["keep-alive", "proxy-connection"];
 
-pub(crate) type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
-
 /// The gateway: configuration, engine, upstream connection pool, and in-flight executions.
 #[derive(Debug)]
 pub struct Gateway {
     config: Config,
     engine: Engine<AnyStore>,
     metrics: Arc<Metrics>,
-    client: UpstreamClient,
+    client: Upstreams,
     tasks: TaskTracker,
 }
 
 impl Gateway {
     #[must_use]
     pub fn new(config: Config, store: AnyStore) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(5)));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build(connector);
+        let client = Upstreams::new(Duration::from_secs(5), Duration::from_secs(60));
         let metrics = Arc::new(Metrics::new(
             config.routes.iter().map(|r| r.id.as_str()),
             config.metrics.tenant_labels,
@@ -108,7 +99,7 @@ impl Gateway {
     }
 
     /// The upstream connection pool (Restate's ingress and admin API use it too).
-    pub(crate) fn client(&self) -> &UpstreamClient {
+    pub(crate) fn client(&self) -> &Upstreams {
         &self.client
     }
 
@@ -442,7 +433,7 @@ impl Gateway {
         peer: SocketAddr,
         principal: Option<&Principal>,
         dedup: Option<(&str, &str)>,
-    ) -> Result<Response<Incoming>, Problem> {
+    ) -> Result<Response<UpstreamBody>, Problem> {
         let uri = upstream_uri(&route.upstream.base, &parts.uri)
             .map_err(|()| Problem::new(Kind::BadRequest, "the request target cannot be forwarded"))?;
         let headers = &mut parts.headers;

@@ -31,7 +31,6 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri};
 use http_body_util::Full;
-use hyper::body::Incoming;
 use idemgate_core::namespace::Principal;
 
 pub use retention::apply_retention;
@@ -45,6 +44,7 @@ use crate::proxy::{
     Gateway, IDEMPOTENCY_EXPIRES, IDEMPOTENCY_STATUS, OPERATION_ID, header_value, namespace,
     request_fingerprint, strip_hop_by_hop,
 };
+use crate::upstream::UpstreamBody;
 
 /// The request header Restate's ingress deduplicates on.
 const RESTATE_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -282,7 +282,7 @@ impl Gateway {
         route: &Route,
         req: Request<Full<Bytes>>,
         limit: Duration,
-    ) -> Result<Response<Incoming>, Problem> {
+    ) -> Result<Response<UpstreamBody>, Problem> {
         let timer = Instant::now();
         let answer = tokio::time::timeout(limit, self.client().request(req)).await;
         self.metrics()

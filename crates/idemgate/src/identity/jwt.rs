@@ -13,15 +13,14 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::HeaderMap;
-use http_body_util::{BodyExt, Empty};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use http_body_util::{BodyExt, Full};
 use idemgate_core::namespace::Principal;
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 
 use super::{Rejected, SUBJECT_TYPES, SetupError, bearer, looks_like_jwt, principal};
 use crate::config::identity::JwtFile;
+use crate::upstream::Upstreams;
 
 /// A JWKS URL is asked again for an unknown `kid` at most this often.
 const URL_REFRESH_EVERY: Duration = Duration::from_secs(5);
@@ -256,21 +255,23 @@ fn load_file(path: &Path) -> Result<(KeyMap, Option<SystemTime>), String> {
 }
 
 async fn fetch(uri: &http::Uri) -> Result<KeyMap, String> {
-    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let resp = tokio::time::timeout(Duration::from_secs(5), client.get(uri.clone()))
+    let req = http::Request::get(uri.clone())
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| e.to_string())?;
+    let call = async {
+        let resp = Upstreams::new(Duration::from_secs(5), Duration::from_secs(1))
+            .request(req)
+            .await
+            .map_err(|e| e.to_string())?;
+        if !resp.status().is_success() {
+            return Err(format!("status {}", resp.status()));
+        }
+        let body = resp.into_body().collect().await.map_err(|e| e.to_string())?;
+        parse_jwks(&body.to_bytes())
+    };
+    tokio::time::timeout(Duration::from_secs(5), call)
         .await
         .map_err(|_| "timed out".to_owned())?
-        .map_err(|e| e.to_string())?;
-    if !resp.status().is_success() {
-        return Err(format!("status {}", resp.status()));
-    }
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    parse_jwks(&body)
 }
 
 /// Keys usable for signatures, each with the one algorithm its type allows.

@@ -1,0 +1,225 @@
+//! The upstream connection pool against a real TCP upstream that counts connections and
+//! requests: reuse, concurrency, connections closed while idle, bodies dropped half-read, and
+//! `Connection: close`.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use idemgate::upstream::Upstreams;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+
+/// A plain HTTP/1.1 upstream written on raw TCP, so the test decides when a connection closes.
+struct Upstream {
+    authority: String,
+    connections: Arc<AtomicUsize>,
+    requests: Arc<AtomicUsize>,
+    hosts: Arc<Mutex<Vec<String>>>,
+    close_idle: Arc<Notify>,
+}
+
+#[derive(Clone, Copy)]
+struct Answer {
+    body_len: usize,
+    close: bool,
+}
+
+async fn upstream(answer: Answer) -> Upstream {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = Upstream {
+        authority: listener.local_addr().unwrap().to_string(),
+        connections: Arc::default(),
+        requests: Arc::default(),
+        hosts: Arc::default(),
+        close_idle: Arc::new(Notify::new()),
+    };
+    let (connections, requests, hosts, close_idle) = (
+        up.connections.clone(),
+        up.requests.clone(),
+        up.hosts.clone(),
+        up.close_idle.clone(),
+    );
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                return;
+            };
+            connections.fetch_add(1, Ordering::SeqCst);
+            let (requests, hosts, close_idle) = (requests.clone(), hosts.clone(), close_idle.clone());
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    tokio::select! {
+                        n = sock.read_buf(&mut buf) => {
+                            if !matches!(n, Ok(n) if n > 0) {
+                                return;
+                            }
+                        }
+                        () = close_idle.notified() => return,
+                    }
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                        buf.drain(..end + 4);
+                        requests.fetch_add(1, Ordering::SeqCst);
+                        if let Some(h) = head.lines().find_map(|l| l.strip_prefix("host: ")) {
+                            hosts.lock().unwrap().push(h.to_owned());
+                        }
+                        let mut resp = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n", answer.body_len);
+                        if answer.close {
+                            resp.push_str("connection: close\r\n");
+                        }
+                        resp.push_str("\r\n");
+                        let mut out = resp.into_bytes();
+                        out.resize(out.len() + answer.body_len, b'x');
+                        if sock.write_all(&out).await.is_err() || answer.close {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    up
+}
+
+fn pool() -> Upstreams {
+    Upstreams::new(Duration::from_secs(5), Duration::from_secs(60))
+}
+
+fn get(authority: &str) -> Request<Full<Bytes>> {
+    Request::get(format!("http://{authority}/orders?x=1"))
+        .body(Full::new(Bytes::new()))
+        .unwrap()
+}
+
+async fn call(pool: &Upstreams, authority: &str) -> Bytes {
+    let resp = pool.request(get(authority)).await.expect("upstream answers");
+    assert_eq!(resp.status(), 200);
+    resp.into_body().collect().await.unwrap().to_bytes()
+}
+
+async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn sequential_requests_share_one_connection_and_send_the_origin_host() {
+    let up = upstream(Answer {
+        body_len: 10,
+        close: false,
+    })
+    .await;
+    let pool = pool();
+    for _ in 0..20 {
+        assert_eq!(call(&pool, &up.authority).await.len(), 10);
+    }
+    assert_eq!(up.requests.load(Ordering::SeqCst), 20);
+    assert_eq!(up.connections.load(Ordering::SeqCst), 1);
+    assert_eq!(pool.idle_open(&up.authority), 1);
+    assert!(up.hosts.lock().unwrap().iter().all(|h| *h == up.authority));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_each_get_a_connection_and_all_come_back() {
+    let up = upstream(Answer {
+        body_len: 100,
+        close: false,
+    })
+    .await;
+    let pool = pool();
+    let calls: Vec<_> = (0..32)
+        .map(|_| {
+            let (pool, authority) = (pool.clone(), up.authority.clone());
+            tokio::spawn(async move { call(&pool, &authority).await.len() })
+        })
+        .collect();
+    for c in calls {
+        assert_eq!(c.await.unwrap(), 100);
+    }
+    let opened = up.connections.load(Ordering::SeqCst);
+    assert!((1..=32).contains(&opened), "{opened} connections for 32 calls");
+    assert_eq!(pool.idle_open(&up.authority), opened);
+    // Later calls reuse them: no new connection.
+    for _ in 0..10 {
+        call(&pool, &up.authority).await;
+    }
+    assert_eq!(up.connections.load(Ordering::SeqCst), opened);
+    assert_eq!(up.requests.load(Ordering::SeqCst), 42);
+}
+
+#[tokio::test]
+async fn a_connection_the_upstream_closed_while_idle_is_not_used() {
+    let up = upstream(Answer {
+        body_len: 10,
+        close: false,
+    })
+    .await;
+    let pool = pool();
+    call(&pool, &up.authority).await;
+    assert_eq!(pool.idle_open(&up.authority), 1);
+    up.close_idle.notify_waiters();
+    wait_until("the pool sees the close", || pool.idle_open(&up.authority) == 0).await;
+    call(&pool, &up.authority).await;
+    assert_eq!(up.connections.load(Ordering::SeqCst), 2);
+    // Sent once: the closed connection never carried the second request.
+    assert_eq!(up.requests.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_body_dropped_half_read_closes_its_connection() {
+    let up = upstream(Answer {
+        body_len: 4 << 20,
+        close: false,
+    })
+    .await;
+    let pool = pool();
+    let resp = pool.request(get(&up.authority)).await.unwrap();
+    let mut body = resp.into_body();
+    let first = body.frame().await.unwrap().unwrap();
+    assert!(first.data_ref().is_some_and(|d| !d.is_empty()));
+    drop(body);
+    assert_eq!(pool.idle_open(&up.authority), 0);
+    assert_eq!(call(&pool, &up.authority).await.len(), 4 << 20);
+    assert_eq!(up.connections.load(Ordering::SeqCst), 2);
+    assert_eq!(pool.idle_open(&up.authority), 1);
+}
+
+#[tokio::test]
+async fn connection_close_from_the_upstream_is_honoured() {
+    let up = upstream(Answer {
+        body_len: 10,
+        close: true,
+    })
+    .await;
+    let pool = pool();
+    for _ in 0..3 {
+        call(&pool, &up.authority).await;
+    }
+    assert_eq!(up.connections.load(Ordering::SeqCst), 3);
+    assert_eq!(up.requests.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn refused_connections_and_bad_targets_are_errors() {
+    let pool = pool();
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let err = pool.request(get(&closed.to_string())).await.unwrap_err();
+    assert!(err.to_string().contains("cannot connect"), "{err}");
+    let https = Request::get("https://127.0.0.1:1/")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert!(pool.request(https).await.is_err());
+}
