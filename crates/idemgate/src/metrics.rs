@@ -10,8 +10,8 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
@@ -84,6 +84,25 @@ pub struct RouteStats {
     responses_stored: AtomicU64,
 }
 
+/// Handles to a route's most common series, taken from their families on first use. Only
+/// without tenant labels, where a route's label set is the same for every caller. A handle
+/// shares its value with the family's series, so the exposition is unchanged; what it saves is
+/// hashing a label set and taking the family's lock several times per request.
+#[derive(Debug, Default)]
+struct Hot {
+    key_present_header: OnceLock<Counter>,
+    cache_miss: OnceLock<Counter>,
+    /// The first replayed status seen; replays of a route nearly always share it.
+    cache_hit: OnceLock<(u16, Counter)>,
+    upstream_seconds: OnceLock<Histogram>,
+}
+
+#[derive(Debug, Default)]
+struct PerRoute {
+    stats: RouteStats,
+    hot: Hot,
+}
+
 /// All metrics of one gateway.
 pub struct Metrics {
     registry: Registry,
@@ -97,9 +116,11 @@ pub struct Metrics {
     conflict: Counters,
     store_errors: Counters,
     store_seconds: Family<OpLabels, Histogram>,
+    /// `store_seconds` for `begin` and `complete`, the two calls of every miss.
+    store_hot: [OnceLock<Histogram>; 2],
     upstream_seconds: Family<EndpointLabels, Histogram>,
     /// Keyed by route id; the key doubles as the `endpoint` label value.
-    stats: HashMap<Arc<str>, RouteStats>,
+    routes: HashMap<Arc<str>, PerRoute>,
     /// Registered family names (for the dashboard test).
     names: Vec<&'static str>,
 }
@@ -189,10 +210,11 @@ impl Metrics {
             conflict,
             store_errors,
             store_seconds,
+            store_hot: Default::default(),
             upstream_seconds,
-            stats: routes
+            routes: routes
                 .into_iter()
-                .map(|r| (Arc::from(r), RouteStats::default()))
+                .map(|r| (Arc::from(r), PerRoute::default()))
                 .collect(),
             names,
         }
@@ -213,12 +235,17 @@ impl Metrics {
         }
     }
 
-    /// A route's `endpoint` label (shared with the route table, not allocated) and its stats.
-    fn route(&self, id: &str) -> (Arc<str>, Option<&RouteStats>) {
-        match self.stats.get_key_value(id) {
-            Some((name, stats)) => (name.clone(), Some(stats)),
+    /// A route's `endpoint` label (shared with the route table, not allocated) and its counters.
+    fn route(&self, id: &str) -> (Arc<str>, Option<&PerRoute>) {
+        match self.routes.get_key_value(id) {
+            Some((name, route)) => (name.clone(), Some(route)),
             None => (Arc::from(id), None),
         }
+    }
+
+    /// A route's cached handles, when its label sets do not vary by caller.
+    fn hot<'a>(&self, route: Option<&'a PerRoute>) -> Option<&'a Hot> {
+        route.filter(|_| !self.tenant_labels).map(|r| &r.hot)
     }
 
     /// Records one finished request.
@@ -226,29 +253,50 @@ impl Metrics {
         if log.endpoint.is_empty() {
             return; // no route: nothing per endpoint to count
         }
-        let (endpoint, stats) = self.route(&log.endpoint);
+        let (endpoint, route) = self.route(&log.endpoint);
+        let hot = self.hot(route);
         let bump = |field: fn(&RouteStats) -> &AtomicU64| {
-            if let Some(s) = stats {
-                field(s).fetch_add(1, Ordering::Relaxed);
+            if let Some(r) = route {
+                field(&r.stats).fetch_add(1, Ordering::Relaxed);
             }
         };
         bump(|s| &s.requests);
+        let series = |family: &Counters, extra: Option<(&'static str, Cow<'static, str>)>| {
+            family.get_or_create(&self.labels(log, &endpoint, extra)).clone()
+        };
         let inc = |family: &Counters, extra: Option<(&'static str, Cow<'static, str>)>| {
             family.get_or_create(&self.labels(log, &endpoint, extra)).inc();
         };
-        if log.case != "none" {
-            inc(&self.key_present, Some(("case", Cow::Borrowed(log.case))));
+        let present = |case: &'static str| series(&self.key_present, Some(("case", Cow::Borrowed(case))));
+        match (log.case, hot) {
+            ("none", _) => {}
+            ("A", Some(hot)) => {
+                hot.key_present_header.get_or_init(|| present("A")).inc();
+            }
+            (case, _) => {
+                present(case).inc();
+            }
         }
         if log.key_missing {
             inc(&self.key_missing, Some(("class", Cow::Borrowed(log.policy))));
         }
         match log.outcome {
             "replayed" | "recovered" => {
-                inc(&self.cache_hit, Some(("status", status_label(status))));
+                let hit = || series(&self.cache_hit, Some(("status", status_label(status))));
+                match hot.map(|h| h.cache_hit.get_or_init(|| (status, hit()))) {
+                    Some((first, counter)) if *first == status => counter.inc(),
+                    _ => hit().inc(),
+                };
                 bump(|s| &s.cache_hits);
             }
             "executed" => {
-                inc(&self.cache_miss, None);
+                if let Some(hot) = hot {
+                    hot.cache_miss
+                        .get_or_init(|| series(&self.cache_miss, None))
+                        .inc();
+                } else {
+                    inc(&self.cache_miss, None);
+                }
                 bump(|s| &s.cache_misses);
             }
             _ => {}
@@ -291,17 +339,27 @@ impl Metrics {
 
     /// Records a store call's latency.
     pub fn store_latency(&self, op: &'static str, seconds: f64) {
-        self.store_seconds
-            .get_or_create(&OpLabels { op })
-            .observe(seconds);
+        let series = || self.store_seconds.get_or_create(&OpLabels { op }).clone();
+        match op {
+            "begin" => self.store_hot[0].get_or_init(series).observe(seconds),
+            "complete" => self.store_hot[1].get_or_init(series).observe(seconds),
+            _ => series().observe(seconds),
+        }
     }
 
     /// Records an upstream call's latency.
     pub fn upstream_latency(&self, endpoint: &str, seconds: f64) {
-        let (endpoint, _) = self.route(endpoint);
-        self.upstream_seconds
-            .get_or_create(&EndpointLabels { endpoint })
-            .observe(seconds);
+        let (endpoint, route) = self.route(endpoint);
+        let series = || {
+            self.upstream_seconds
+                .get_or_create(&EndpointLabels { endpoint })
+                .clone()
+        };
+        match route {
+            // The endpoint is the only label: no caller-dependent label set here.
+            Some(route) => route.hot.upstream_seconds.get_or_init(series).observe(seconds),
+            None => series().observe(seconds),
+        }
     }
 
     /// The Prometheus text exposition.
@@ -322,7 +380,8 @@ impl Metrics {
     /// Per-route counters, for `/admin/stats`.
     #[must_use]
     pub fn stats(&self) -> serde_json::Value {
-        let by_route: BTreeMap<&str, &RouteStats> = self.stats.iter().map(|(k, v)| (&**k, v)).collect();
+        let by_route: BTreeMap<&str, &RouteStats> =
+            self.routes.iter().map(|(k, v)| (&**k, &v.stats)).collect();
         serde_json::to_value(by_route).unwrap_or_default()
     }
 }
@@ -348,6 +407,45 @@ pub type SharedMetrics = Arc<Metrics>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The cached handles of a route count into the same series the families expose, with and
+    /// without tenant labels.
+    #[test]
+    fn cached_series_and_family_series_are_the_same() {
+        for tenant_labels in [false, true] {
+            let metrics = Metrics::new(["r"], tenant_labels);
+            let mut log = AccessLog::new(&http::Method::POST);
+            log.endpoint = "r".into();
+            log.case = "A";
+            log.tenant = "acme".into();
+            for (outcome, status) in [
+                ("executed", 201),
+                ("executed", 201),
+                ("replayed", 201),
+                ("replayed", 200),
+            ] {
+                log.outcome = outcome;
+                metrics.observe(&log, status);
+            }
+            metrics.store_latency("begin", 0.001);
+            metrics.store_latency("begin", 0.001);
+            metrics.store_latency("release", 0.001);
+            metrics.upstream_latency("r", 0.002);
+            let text = metrics.render();
+            let tenant = if tenant_labels { "tenant=\"acme\"," } else { "" };
+            for line in [
+                format!("idempotency_key_present_total{{{tenant}endpoint=\"r\",case=\"A\"}} 4"),
+                format!("idempotency_cache_miss_total{{{tenant}endpoint=\"r\"}} 2"),
+                format!("idempotency_cache_hit_total{{{tenant}endpoint=\"r\",status=\"201\"}} 1"),
+                format!("idempotency_cache_hit_total{{{tenant}endpoint=\"r\",status=\"200\"}} 1"),
+                "idempotency_store_duration_seconds_count{op=\"begin\"} 2".to_owned(),
+                "idempotency_store_duration_seconds_count{op=\"release\"} 1".to_owned(),
+                "idempotency_upstream_duration_seconds_count{endpoint=\"r\"} 1".to_owned(),
+            ] {
+                assert!(text.contains(&line), "missing {line} in\n{text}");
+            }
+        }
+    }
 
     /// Every metric the shipped dashboard and alert rules query is one the gateway exports.
     #[test]
