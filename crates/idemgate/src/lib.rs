@@ -23,6 +23,7 @@ pub mod admin;
 pub mod body;
 pub mod config;
 pub mod demo;
+mod detach;
 pub mod framing;
 pub mod identity;
 pub mod metrics;

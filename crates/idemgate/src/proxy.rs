@@ -29,6 +29,7 @@ use tokio_util::task::TaskTracker;
 use crate::access_log::AccessLog;
 use crate::body::{Body, Prefixed, Read, full, read_limited, stream};
 use crate::config::{Config, OnStoreError, PolicyKind, Route, UpstreamKind};
+use crate::detach::Detached;
 use crate::framing::Verdict;
 use crate::identity;
 use crate::metrics::Metrics;
@@ -287,12 +288,9 @@ impl Gateway {
                 log.operation_id = exec.operation_id().to_owned();
                 log.outcome = "executed";
                 let this = self.clone();
-                let (tx, rx) = tokio::sync::oneshot::channel();
-                // Spawned and tracked: if the client goes away, the upstream call still runs to
-                // its end and its outcome is recorded.
-                // Boxed: the execution future is several kilobytes, and tokio would otherwise
-                // copy it whole into the task (a profile showed those copies on the miss path).
-                self.tasks.spawn(Box::pin(async move {
+                // If the client goes away, the upstream call still runs to its end and its
+                // outcome is recorded: dropped unfinished, the execution moves to a tracked task.
+                let execution = async move {
                     let mut stored = false;
                     let call = Call {
                         route,
@@ -302,11 +300,9 @@ impl Gateway {
                         principal,
                     };
                     let resp = this.execute(call, key, exec, &mut stored).await;
-                    let _ = tx.send((resp, stored));
-                }));
-                let (resp, stored) = rx.await.unwrap_or_else(|_| {
-                    (Err(Problem::new(Kind::UpstreamUnavailable, "the execution failed")), false)
-                });
+                    (resp, stored)
+                };
+                let (resp, stored) = Detached::new(execution, &self.tasks).await;
                 log.stored = stored;
                 resp
             }
