@@ -84,8 +84,9 @@ pub struct RouteStats {
     responses_stored: AtomicU64,
 }
 
-/// Handles to a route's most common series, taken from their families on first use. Only
-/// without tenant labels, where a route's label set is the same for every caller. A handle
+/// Handles to a route's most common series, taken from their families on first use. Only for
+/// requests whose labels carry no tenant or project, where a route's label set is the same for
+/// every caller. A handle
 /// shares its value with the family's series, so the exposition is unchanged; what it saves is
 /// hashing a label set and taking the family's lock several times per request.
 #[derive(Debug, Default)]
@@ -243,9 +244,11 @@ impl Metrics {
         }
     }
 
-    /// A route's cached handles, when its label sets do not vary by caller.
-    fn hot<'a>(&self, route: Option<&'a PerRoute>) -> Option<&'a Hot> {
-        route.filter(|_| !self.tenant_labels).map(|r| &r.hot)
+    /// A route's cached handles, when this request's label sets are the route's caller-free
+    /// ones: no tenant labels, or a caller without tenant and project (no identity configured).
+    fn hot<'a>(&self, route: Option<&'a PerRoute>, log: &AccessLog) -> Option<&'a Hot> {
+        let caller_free = !self.tenant_labels || (log.tenant.is_empty() && log.project.is_empty());
+        route.filter(|_| caller_free).map(|r| &r.hot)
     }
 
     /// Records one finished request.
@@ -254,7 +257,7 @@ impl Metrics {
             return; // no route: nothing per endpoint to count
         }
         let (endpoint, route) = self.route(&log.endpoint);
-        let hot = self.hot(route);
+        let hot = self.hot(route, log);
         let bump = |field: fn(&RouteStats) -> &AtomicU64| {
             if let Some(r) = route {
                 field(&r.stats).fetch_add(1, Ordering::Relaxed);
@@ -414,35 +417,50 @@ mod tests {
     fn cached_series_and_family_series_are_the_same() {
         for tenant_labels in [false, true] {
             let metrics = Metrics::new(["r"], tenant_labels);
-            let mut log = AccessLog::new(&http::Method::POST);
-            log.endpoint = "r".into();
-            log.case = "A";
-            log.tenant = "acme".into();
-            for (outcome, status) in [
-                ("executed", 201),
-                ("executed", 201),
-                ("replayed", 201),
-                ("replayed", 200),
-            ] {
+            let request = |tenant: &str, outcome: &'static str, status: u16| {
+                let mut log = AccessLog::new(&http::Method::POST);
+                log.endpoint = "r".into();
+                log.case = "A";
+                log.tenant = tenant.into();
                 log.outcome = outcome;
                 metrics.observe(&log, status);
-            }
+            };
+            request("acme", "executed", 201);
+            request("acme", "executed", 201);
+            request("acme", "replayed", 201);
+            request("acme", "replayed", 200);
+            // Callers without a tenant (no identity configured): the caller-free series.
+            request("", "executed", 201);
+            request("", "executed", 201);
             metrics.store_latency("begin", 0.001);
             metrics.store_latency("begin", 0.001);
             metrics.store_latency("release", 0.001);
             metrics.upstream_latency("r", 0.002);
             let text = metrics.render();
-            let tenant = if tenant_labels { "tenant=\"acme\"," } else { "" };
-            for line in [
-                format!("idempotency_key_present_total{{{tenant}endpoint=\"r\",case=\"A\"}} 4"),
-                format!("idempotency_cache_miss_total{{{tenant}endpoint=\"r\"}} 2"),
-                format!("idempotency_cache_hit_total{{{tenant}endpoint=\"r\",status=\"201\"}} 1"),
-                format!("idempotency_cache_hit_total{{{tenant}endpoint=\"r\",status=\"200\"}} 1"),
-                "idempotency_store_duration_seconds_count{op=\"begin\"} 2".to_owned(),
-                "idempotency_store_duration_seconds_count{op=\"release\"} 1".to_owned(),
-                "idempotency_upstream_duration_seconds_count{endpoint=\"r\"} 1".to_owned(),
-            ] {
-                assert!(text.contains(&line), "missing {line} in\n{text}");
+            let mut expected = vec![
+                "idempotency_store_duration_seconds_count{op=\"begin\"} 2",
+                "idempotency_store_duration_seconds_count{op=\"release\"} 1",
+                "idempotency_upstream_duration_seconds_count{endpoint=\"r\"} 1",
+            ];
+            if tenant_labels {
+                expected.extend([
+                    "idempotency_key_present_total{tenant=\"acme\",endpoint=\"r\",case=\"A\"} 4",
+                    "idempotency_cache_miss_total{tenant=\"acme\",endpoint=\"r\"} 2",
+                    "idempotency_cache_hit_total{tenant=\"acme\",endpoint=\"r\",status=\"201\"} 1",
+                    "idempotency_cache_hit_total{tenant=\"acme\",endpoint=\"r\",status=\"200\"} 1",
+                    "idempotency_key_present_total{endpoint=\"r\",case=\"A\"} 2",
+                    "idempotency_cache_miss_total{endpoint=\"r\"} 2",
+                ]);
+            } else {
+                expected.extend([
+                    "idempotency_key_present_total{endpoint=\"r\",case=\"A\"} 6",
+                    "idempotency_cache_miss_total{endpoint=\"r\"} 4",
+                    "idempotency_cache_hit_total{endpoint=\"r\",status=\"201\"} 1",
+                    "idempotency_cache_hit_total{endpoint=\"r\",status=\"200\"} 1",
+                ]);
+            }
+            for line in expected {
+                assert!(text.contains(line), "missing {line} in\n{text}");
             }
         }
     }
