@@ -411,11 +411,15 @@ impl<S: Store> Engine<S> {
     }
 }
 
-/// A new operation id: a UUIDv7, time-ordered so ids sort by creation.
+/// A new operation id: a UUIDv7, time-ordered so ids sort by creation (to the millisecond).
+///
+/// The random bits come from the thread's CSPRNG (`rand`, seeded once from the OS): `now_v7`
+/// asks the kernel for them, one `getrandom` system call per request.
 #[must_use]
 pub fn new_operation_id() -> String {
+    let id = uuid::Builder::from_unix_timestamp_millis(now_millis(), &rand::random()).into_uuid();
     let mut buf = uuid::Uuid::encode_buffer();
-    let s = uuid::Uuid::now_v7().simple().encode_lower(&mut buf);
+    let s = id.simple().encode_lower(&mut buf);
     let mut id = String::with_capacity(3 + s.len());
     id.push_str("op_");
     id.push_str(s);
@@ -545,5 +549,30 @@ impl<S: Store> std::fmt::Debug for Execution<S> {
 impl<S: Store> Drop for Execution<S> {
     fn drop(&mut self) {
         self.stop_renewal();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operation_ids_are_unique_uuid_v7_in_time_order() {
+        let before = now_millis();
+        let ids: Vec<String> = (0..10_000).map(|_| new_operation_id()).collect();
+        let after = now_millis();
+        let mut seen = std::collections::HashSet::new();
+        let mut last_ms = 0;
+        for id in &ids {
+            let hex = id.strip_prefix("op_").expect("op_ prefix");
+            let uuid = uuid::Uuid::parse_str(hex).expect("a UUID");
+            assert_eq!(uuid.get_version_num(), 7);
+            let (secs, nanos) = uuid.get_timestamp().expect("v7 has a timestamp").to_unix();
+            let ms = secs * 1000 + u64::from(nanos) / 1_000_000;
+            assert!((before..=after).contains(&ms), "{ms} outside {before}..={after}");
+            assert!(ms >= last_ms, "ids sort by creation time");
+            last_ms = ms;
+            assert!(seen.insert(uuid), "duplicate id {id}");
+        }
     }
 }
