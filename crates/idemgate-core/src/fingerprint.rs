@@ -14,9 +14,10 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+
+mod canonical;
 
 /// Versions the hashed layout. Fingerprints live in durable records; if the layout ever changes,
 /// bumping this makes old and new fingerprints differ instead of colliding by accident.
@@ -51,11 +52,11 @@ impl Fingerprint {
         let mut h = Sha256::new();
         field(&mut h, DOMAIN);
         field(&mut h, route_id.as_bytes());
-        field(&mut h, method.to_ascii_uppercase().as_bytes());
+        field(&mut h, uppercase(method).as_bytes());
         field(&mut h, normalize_path_and_query(path_and_query).as_bytes());
         let canonical = content_type
             .filter(|ct| is_json_content_type(ct))
-            .and_then(|_| canonical_json(body));
+            .and_then(|_| canonical::canonical_json(body));
         if let Some(canonical) = canonical {
             field(&mut h, BODY_JSON);
             field(&mut h, &canonical);
@@ -94,6 +95,15 @@ fn field(h: &mut Sha256, bytes: &[u8]) {
     h.update(bytes);
 }
 
+/// `method` in ASCII uppercase, borrowed when it already is (as methods nearly always are).
+fn uppercase(method: &str) -> Cow<'_, str> {
+    if method.bytes().any(|b| b.is_ascii_lowercase()) {
+        Cow::Owned(method.to_ascii_uppercase())
+    } else {
+        Cow::Borrowed(method)
+    }
+}
+
 /// `application/json`, or any `type/something+json` (`application/problem+json`,
 /// `application/vnd.api+json`), parameters such as `; charset=utf-8` ignored, case-insensitive.
 fn is_json_content_type(content_type: &str) -> bool {
@@ -106,53 +116,6 @@ fn is_json_content_type(content_type: &str) -> bool {
         || (!ty.is_empty()
             && subtype.len() > b"+json".len()
             && subtype[subtype.len() - b"+json".len()..].eq_ignore_ascii_case(b"+json"))
-}
-
-/// The canonical form of a JSON body, or `None` when it does not parse (the raw bytes are then
-/// hashed: a client that sends broken JSON twice still gets a stable fingerprint).
-fn canonical_json(body: &[u8]) -> Option<Vec<u8>> {
-    let value: Value = serde_json::from_slice(body).ok()?;
-    let mut out = Vec::with_capacity(body.len());
-    write_canonical(&value, &mut out).ok()?;
-    Some(out)
-}
-
-/// Writes `value` compactly with object keys sorted.
-///
-/// The keys are sorted here rather than by relying on `serde_json`'s default `BTreeMap`: cargo
-/// unifies features across the whole build, so any crate in a user's tree that enables
-/// `serde_json/preserve_order` would silently turn the map into an insertion-ordered one and make
-/// fingerprints depend on key order. Recursion is bounded by `serde_json`'s parse depth limit
-/// (128).
-fn write_canonical(value: &Value, out: &mut Vec<u8>) -> serde_json::Result<()> {
-    match value {
-        Value::Object(map) => {
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            out.push(b'{');
-            for (i, (k, v)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                serde_json::to_writer(&mut *out, k)?;
-                out.push(b':');
-                write_canonical(v, out)?;
-            }
-            out.push(b'}');
-        }
-        Value::Array(items) => {
-            out.push(b'[');
-            for (i, v) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_canonical(v, out)?;
-            }
-            out.push(b']');
-        }
-        scalar => serde_json::to_writer(&mut *out, scalar)?,
-    }
-    Ok(())
 }
 
 /// Normalizes a request target for the fingerprint.
@@ -205,7 +168,7 @@ pub fn normalize_path_and_query(path_and_query: &str) -> Cow<'_, str> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     const JSON: Option<&str> = Some("application/json");
 
@@ -337,15 +300,6 @@ mod tests {
         assert_eq!(fp_json("{not json"), fp("r", "POST", "/x", None, b"{not json"));
         assert_ne!(fp_json("{not json"), fp_json("{not  json"));
         assert_eq!(fp_json(""), fp("r", "POST", "/x", None, b""));
-    }
-
-    #[test]
-    fn canonical_form() {
-        let c = canonical_json(br#" { "b" : [ {"d":1,"c":2} ], "a" : "\u00e9\n" } "#).unwrap();
-        assert_eq!(
-            String::from_utf8(c).unwrap(),
-            r#"{"a":"é\n","b":[{"c":2,"d":1}]}"#
-        );
     }
 
     #[test]

@@ -16,6 +16,8 @@ use std::fmt;
 
 use regex::Regex;
 
+use crate::namespace::is_unreserved;
+
 /// The default `key_pattern`: the RFC 3986 unreserved set, 1 to 255 characters. Colons are
 /// refused by default as a guard against prefix forgery (SPEC section 3).
 pub const DEFAULT_KEY_PATTERN: &str = "^[A-Za-z0-9._~-]{1,255}$";
@@ -163,10 +165,13 @@ impl KeyRules {
                 ),
             ));
         }
-        if !self.pattern.is_match(raw) {
-            let detail = if self.pattern.as_str() == DEFAULT_KEY_PATTERN
-                || self.pattern.as_str() == DEFAULT_CHARSET_PATTERN
-            {
+        let default_bound = default_pattern_bound(&self.pattern);
+        let matches = match default_bound {
+            Some(bound) => matches_default_pattern(bound, raw),
+            None => self.pattern.is_match(raw),
+        };
+        if !matches {
+            let detail = if default_bound.is_some() {
                 "the key may only contain A-Z, a-z, 0-9, '.', '_', '~' and '-'"
             } else {
                 "the key does not match the route's key pattern"
@@ -187,6 +192,27 @@ impl KeyRules {
         }
         Ok(())
     }
+}
+
+/// The length bound (in characters) of a default pattern: [`DEFAULT_KEY_PATTERN`] is bounded at
+/// 255, [`DEFAULT_CHARSET_PATTERN`] not at all. `None` for any other pattern.
+///
+/// Told apart by their source text, which is what defines a pattern, so this stays right even
+/// for rules built by hand with the public fields.
+fn default_pattern_bound(pattern: &Regex) -> Option<usize> {
+    match pattern.as_str() {
+        DEFAULT_KEY_PATTERN => Some(DEFAULT_MAX_KEY_LEN),
+        DEFAULT_CHARSET_PATTERN => Some(usize::MAX),
+        _ => None,
+    }
+}
+
+/// Whether `raw` matches a default pattern whose length bound is `bound`, without running the
+/// regex (the largest cost of validating a key): both defaults are one class of ASCII bytes
+/// repeated 1 to `bound` times, and as every byte of a match is ASCII, its characters are its
+/// bytes.
+fn matches_default_pattern(bound: usize, raw: &str) -> bool {
+    (1..=bound).contains(&raw.len()) && raw.bytes().all(is_unreserved)
 }
 
 fn starts_with_ignore_ascii_case(s: &str, prefix: &str) -> bool {
@@ -300,6 +326,7 @@ fn parse_bare(value: &[u8]) -> Result<String, &'static str> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::sync::LazyLock;
 
     fn parse_one(v: &str) -> Result<Option<String>, KeyError> {
         parse_header([v.as_bytes()])
@@ -534,6 +561,77 @@ mod tests {
         ];
         for v in values {
             assert_eq!(reason(parse_header([v])), KeyReason::Syntax, "{v:?}");
+        }
+    }
+
+    #[test]
+    fn default_patterns_are_checked_without_the_regex() {
+        assert_eq!(default_pattern_bound(&KeyRules::default().pattern), Some(255));
+        let raised = KeyRules::new(1024, None, vec![]).unwrap();
+        assert_eq!(default_pattern_bound(&raised.pattern), Some(usize::MAX));
+        let custom = KeyRules::new(255, Some("[A-Za-z0-9._~-]{1,255}"), vec![]).unwrap();
+        assert_eq!(default_pattern_bound(&custom.pattern), None);
+    }
+
+    /// Keys near the edges of the default patterns: around 255 bytes, non-ASCII, and bytes just
+    /// outside the class (`/`, `:`, `@`, `[`, `` ` ``, `{`, `}`, DEL).
+    fn edge_key() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[A-Za-z0-9._~-]{0,300}",
+            "[A-Za-z0-9._~/:@\\[`{}\x7f -]{0,260}",
+            "[a-z\\u{80}-\\u{10ffff}]{0,130}",
+            any::<String>(),
+        ]
+    }
+
+    /// Each default pattern with its length bound, and as custom rules that say the same in other
+    /// words (so that `validate` runs the regex for them). Compiled once for all cases.
+    static DEFAULTS: LazyLock<[(Regex, usize, KeyRules); 2]> = LazyLock::new(|| {
+        let rules = |p| KeyRules::new(0, Some(p), vec!["t-".into()]).unwrap();
+        [
+            (
+                Regex::new(DEFAULT_KEY_PATTERN).unwrap(),
+                DEFAULT_MAX_KEY_LEN,
+                rules("[A-Za-z0-9._~-]{1,255}"),
+            ),
+            (
+                Regex::new(DEFAULT_CHARSET_PATTERN).unwrap(),
+                usize::MAX,
+                rules("[A-Za-z0-9._~-]+"),
+            ),
+        ]
+    });
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2048))]
+
+        #[test]
+        fn byte_check_agrees_with_the_default_regexes(key in edge_key()) {
+            for (regex, bound, _) in DEFAULTS.iter() {
+                prop_assert_eq!(
+                    matches_default_pattern(*bound, &key),
+                    regex.is_match(&key),
+                    "{} {:?}",
+                    regex.as_str(),
+                    key
+                );
+            }
+        }
+
+        #[test]
+        fn validate_agrees_with_running_the_regex(key in edge_key(), max_len in 0usize..300) {
+            for (regex, _, same) in DEFAULTS.iter() {
+                let fast = KeyRules {
+                    max_len,
+                    pattern: regex.clone(),
+                    reserved_prefixes: vec!["t-".into()],
+                };
+                let slow = KeyRules { max_len, ..same.clone() };
+                prop_assert_eq!(
+                    fast.validate(&key).map_err(|e| e.reason),
+                    slow.validate(&key).map_err(|e| e.reason)
+                );
+            }
         }
     }
 

@@ -122,9 +122,17 @@ pub fn namespaced_key(
         (Scope::Project, Some(p)) => (Some(&p.tenant), Some(&p.project), None),
         (Scope::Subject, Some(p)) => (Some(&p.tenant), Some(&p.project), Some(&p.subject)),
     };
-    let mut out = String::with_capacity(NAMESPACE_PREFIX.len() + 8 + raw.len());
+    let components = [tenant, project, subject];
+    // Sized exactly, so that building the key is one allocation.
+    let len = NAMESPACE_PREFIX.len()
+        + components
+            .iter()
+            .map(|c| c.map_or(WILDCARD.len(), |c| escaped_len(c)) + 1)
+            .sum::<usize>()
+        + escaped_len(raw);
+    let mut out = String::with_capacity(len);
     out.push_str(NAMESPACE_PREFIX);
-    for component in [tenant, project, subject] {
+    for component in components {
         match component {
             Some(c) => escape_into(c, &mut out),
             None => out.push_str(WILDCARD),
@@ -132,6 +140,7 @@ pub fn namespaced_key(
         out.push(':');
     }
     escape_into(raw, &mut out);
+    debug_assert_eq!(out.len(), len);
     Ok(out)
 }
 
@@ -194,21 +203,47 @@ pub fn key_digest(namespaced: &str) -> String {
     hex::encode(&digest[..8])
 }
 
-fn is_unreserved(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'-')
+/// The RFC 3986 unreserved bytes, `A-Z a-z 0-9 . _ ~ -`: what a component keeps unescaped, and
+/// (not by chance) the default character set of raw keys.
+pub(crate) fn is_unreserved(b: u8) -> bool {
+    UNRESERVED[usize::from(b)]
+}
+
+/// [`is_unreserved`] as a table: one load per byte instead of a chain of range checks.
+const UNRESERVED: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let byte = b as u8;
+        table[b] = byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'~' | b'-');
+        b += 1;
+    }
+    table
+};
+
+/// The length of `component` once escaped: each byte outside the unreserved set takes three.
+fn escaped_len(component: &str) -> usize {
+    component.len() + 2 * component.bytes().filter(|&b| !is_unreserved(b)).count()
 }
 
 fn escape_into(component: &str, out: &mut String) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    for b in component.bytes() {
+    // Unreserved bytes are copied a run at a time. A run is ASCII, so it starts and ends on
+    // char boundaries; an empty one may not (between the bytes of `é`), hence `run < i`.
+    let mut run = 0;
+    for (i, b) in component.bytes().enumerate() {
         if is_unreserved(b) {
-            out.push(char::from(b));
-        } else {
-            out.push('%');
-            out.push(char::from(HEX[usize::from(b >> 4)]));
-            out.push(char::from(HEX[usize::from(b & 0x0f)]));
+            continue;
         }
+        if run < i {
+            out.push_str(&component[run..i]);
+        }
+        out.push('%');
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 0x0f)]));
+        run = i + 1;
     }
+    out.push_str(&component[run..]);
 }
 
 /// Strict inverse of [`escape_into`]: only canonical escapes are accepted, so that each string

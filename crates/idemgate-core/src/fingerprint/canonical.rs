@@ -1,0 +1,660 @@
+//! The canonical form of a JSON body: object keys sorted by their bytes, no insignificant
+//! whitespace, every number and string spelled the way `serde_json` writes it.
+//!
+//! The form is defined by the original implementation, [`via_value`]: parse into a
+//! `serde_json::Value`, write it back with the keys sorted. Fingerprints live in durable records,
+//! so that definition is frozen byte for byte. [`canonical_json`] gets the same bytes without the
+//! `Value` tree for the bodies clients actually send: a single pass ([`Canon`]) copies tokens
+//! straight from the input, and while the input is already canonical it copies nothing at all
+//! and hands back a slice of the body. Anything the pass is not sure about (escaped or duplicate
+//! keys, deep nesting, anything malformed) goes to [`via_value`], which decides.
+//!
+//! Where the pass does respell a token (a float, a big integer, an escaped string), it asks
+//! `serde_json` for the spelling, so the result follows whatever `serde_json` does, features
+//! included (`arbitrary_precision`, `float_roundtrip`), exactly as the `Value` path does.
+
+use std::borrow::Cow;
+
+use serde_json::Value;
+
+/// The canonical form of a JSON body, or `None` when it does not parse (the caller then hashes
+/// the raw bytes: a client that sends broken JSON twice still gets a stable fingerprint).
+pub(super) fn canonical_json(body: &[u8]) -> Option<Cow<'_, [u8]>> {
+    Canon::run(body).or_else(|| via_value(body).map(Cow::Owned))
+}
+
+/// The original definition: parse into a `Value`, write it with object keys sorted.
+pub(super) fn via_value(body: &[u8]) -> Option<Vec<u8>> {
+    let value: Value = serde_json::from_slice(body).ok()?;
+    let mut out = Vec::with_capacity(body.len());
+    write_value(&value, &mut out).ok()?;
+    Some(out)
+}
+
+/// Writes `value` compactly with object keys sorted.
+///
+/// The keys are sorted here rather than by relying on `serde_json`'s default `BTreeMap`: cargo
+/// unifies features across the whole build, so any crate in a user's tree that enables
+/// `serde_json/preserve_order` would silently turn the map into an insertion-ordered one and make
+/// fingerprints depend on key order. Recursion is bounded by `serde_json`'s parse depth limit
+/// (128).
+fn write_value(value: &Value, out: &mut Vec<u8>) -> serde_json::Result<()> {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            out.push(b'{');
+            for (i, (k, v)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                serde_json::to_writer(&mut *out, k)?;
+                out.push(b':');
+                write_value(v, out)?;
+            }
+            out.push(b'}');
+        }
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_value(v, out)?;
+            }
+            out.push(b']');
+        }
+        scalar => serde_json::to_writer(&mut *out, scalar)?,
+    }
+    Ok(())
+}
+
+/// Deepest nesting the single pass handles; deeper documents go to [`via_value`], whose parser
+/// owns the real limit (128). Also bounds the pass's own recursion.
+const MAX_DEPTH: usize = 64;
+
+/// Integers of at most this many digits fit both `u64` and `i64`, so `serde_json` writes them
+/// back exactly as they were spelled (JSON forbids leading zeros; `-0` is checked apart).
+const SHORT_INT_DIGITS: usize = 18;
+
+/// Room for `serde_json`'s spelling of a number: a float takes at most 24 bytes, a 64-bit integer
+/// 20. A longer one (only possible with `arbitrary_precision`) makes the pass give up.
+const NUMBER_SPELLING: usize = 32;
+
+/// An object member: its key (unescaped, so these are the key's bytes) and where `"key":value`
+/// is in the output.
+struct Member<'a> {
+    key: &'a [u8],
+    out: (usize, usize),
+}
+
+/// The single pass. Reading `input` from `pos`, it keeps the output equal to
+/// `input[start..pos]` for as long as it can (`out` is `None`); the first time the two differ
+/// (whitespace dropped, a token respelled, members reordered) it copies that prefix into `out`
+/// and writes there from then on.
+///
+/// Every method returns `None` to give up, which sends the body to [`via_value`]: giving up is
+/// always safe, answering is only allowed when the answer is the one [`via_value`] would give.
+struct Canon<'a> {
+    input: &'a [u8],
+    pos: usize,
+    start: usize,
+    out: Option<Vec<u8>>,
+    /// The members of the objects being read, innermost last.
+    members: Vec<Member<'a>>,
+}
+
+impl<'a> Canon<'a> {
+    fn run(input: &'a [u8]) -> Option<Cow<'a, [u8]>> {
+        let mut c = Canon {
+            input,
+            pos: 0,
+            start: 0,
+            out: None,
+            members: Vec::new(),
+        };
+        // Leading and trailing whitespace only move the ends of the borrowed slice.
+        c.pos = c.whitespace_end();
+        c.start = c.pos;
+        c.value(0)?;
+        let end = c.pos;
+        c.pos = c.whitespace_end();
+        if c.pos != input.len() {
+            return None;
+        }
+        Some(match c.out {
+            Some(out) => Cow::Owned(out),
+            None => Cow::Borrowed(&input[c.start..end]),
+        })
+    }
+
+    fn peek(&self) -> Option<u8> {
+        self.input.get(self.pos).copied()
+    }
+
+    /// Where the output currently ends, in output offsets.
+    fn out_len(&self) -> usize {
+        self.out.as_ref().map_or(self.pos - self.start, Vec::len)
+    }
+
+    /// Switches from mirroring the input to writing `out`.
+    fn diverge(&mut self) -> &mut Vec<u8> {
+        let (input, start, pos) = (self.input, self.start, self.pos);
+        self.out.get_or_insert_with(|| {
+            let mut out = Vec::with_capacity(input.len() - start);
+            out.extend_from_slice(&input[start..pos]);
+            out
+        })
+    }
+
+    /// Writes `input[pos..end]` as it is.
+    fn copy_to(&mut self, end: usize) {
+        if let Some(out) = &mut self.out {
+            out.extend_from_slice(&self.input[self.pos..end]);
+        }
+        self.pos = end;
+    }
+
+    /// Writes `spelling` in place of `input[pos..end]`.
+    fn replace_to(&mut self, end: usize, spelling: &[u8]) {
+        if spelling == &self.input[self.pos..end] {
+            self.copy_to(end);
+        } else {
+            self.diverge().extend_from_slice(spelling);
+            self.pos = end;
+        }
+    }
+
+    fn whitespace_end(&self) -> usize {
+        let rest = &self.input[self.pos..];
+        let n = rest
+            .iter()
+            .position(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+            .unwrap_or(rest.len());
+        self.pos + n
+    }
+
+    fn skip_whitespace(&mut self) {
+        let end = self.whitespace_end();
+        if end > self.pos {
+            self.diverge();
+            self.pos = end;
+        }
+    }
+
+    /// Copies the expected byte `b`, after any whitespace.
+    fn punct(&mut self, b: u8) -> Option<()> {
+        self.skip_whitespace();
+        (self.peek()? == b).then(|| self.copy_to(self.pos + 1))
+    }
+
+    /// A value nested `depth` containers deep.
+    fn value(&mut self, depth: usize) -> Option<()> {
+        self.skip_whitespace();
+        match self.peek()? {
+            b'[' | b'{' if depth >= MAX_DEPTH => None,
+            b'[' => {
+                self.sequence(b']', |c| c.value(depth + 1))?;
+                self.copy_to(self.pos + 1);
+                Some(())
+            }
+            b'{' => {
+                let base = self.members.len();
+                self.sequence(b'}', |c| c.member(depth + 1))?;
+                self.sort_members(base)?;
+                self.members.truncate(base);
+                self.copy_to(self.pos + 1);
+                Some(())
+            }
+            b'"' => self.string(),
+            b't' => self.literal(b"true"),
+            b'f' => self.literal(b"false"),
+            b'n' => self.literal(b"null"),
+            b'-' | b'0'..=b'9' => self.number(),
+            _ => None,
+        }
+    }
+
+    fn literal(&mut self, word: &[u8]) -> Option<()> {
+        let end = self.pos + word.len();
+        (self.input.get(self.pos..end)? == word).then(|| self.copy_to(end))
+    }
+
+    /// The opening bracket at `pos`, then `item`s separated by commas, up to (not past) the
+    /// `close` bracket.
+    fn sequence(&mut self, close: u8, mut item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        self.copy_to(self.pos + 1);
+        self.skip_whitespace();
+        if self.peek()? == close {
+            return Some(());
+        }
+        loop {
+            item(self)?;
+            self.skip_whitespace();
+            match self.peek()? {
+                b',' => self.copy_to(self.pos + 1),
+                b if b == close => return Some(()),
+                _ => return None,
+            }
+        }
+    }
+
+    /// An object member, `"key":value`, recorded for [`Canon::sort_members`].
+    fn member(&mut self, depth: usize) -> Option<()> {
+        self.skip_whitespace();
+        let start = self.out_len();
+        let key = self.key()?;
+        self.punct(b':')?;
+        self.value(depth)?;
+        let out = (start, self.out_len());
+        self.members.push(Member { key, out });
+        Some(())
+    }
+
+    /// Puts the members from `base` on (the current object's) in key order. Gives up on a
+    /// duplicate key: `via_value` keeps the last value, which is not worth doing twice.
+    fn sort_members(&mut self, base: usize) -> Option<()> {
+        let members = &mut self.members[base..];
+        if members.is_sorted_by(|a, b| a.key < b.key) {
+            return Some(());
+        }
+        let unsorted = members.first()?.out.0;
+        members.sort_unstable_by(|a, b| a.key.cmp(b.key));
+        if members.windows(2).any(|w| w[0].key == w[1].key) {
+            return None;
+        }
+        // The members are written again, in order, after the unsorted ones; those then go.
+        self.diverge();
+        let out = self.out.as_mut()?;
+        let end = out.len();
+        for (i, m) in self.members[base..].iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_within(m.out.0..m.out.1);
+        }
+        out.drain(unsorted..end);
+        Some(())
+    }
+
+    /// The end of the string token at `pos` and whether it holds a backslash. `None` when the
+    /// string is not terminated, holds a raw control character or is not UTF-8, none of which
+    /// JSON allows.
+    fn scan_string(&self) -> Option<(usize, bool)> {
+        let (mut escaped, mut ascii) = (false, true);
+        let mut i = self.pos + 1;
+        loop {
+            match *self.input.get(i)? {
+                b'"' => break,
+                b'\\' => {
+                    escaped = true;
+                    i += 1;
+                }
+                0..0x20 => return None,
+                0x80.. => ascii = false,
+                _ => {}
+            }
+            i += 1;
+        }
+        if !ascii {
+            std::str::from_utf8(&self.input[self.pos + 1..i]).ok()?;
+        }
+        Some((i + 1, escaped))
+    }
+
+    /// An object key, copied as it is; gives up on escapes (the sort order is that of the
+    /// unescaped bytes). Returns the key's bytes.
+    fn key(&mut self) -> Option<&'a [u8]> {
+        if self.peek()? != b'"' {
+            return None;
+        }
+        let (end, escaped) = self.scan_string()?;
+        if escaped {
+            return None;
+        }
+        let key = &self.input[self.pos + 1..end - 1];
+        self.copy_to(end);
+        Some(key)
+    }
+
+    /// A string value. `serde_json` writes `"`, `\` and the control characters with the short
+    /// escapes `\" \\ \b \f \n \r \t` (and `\u00XX` for the other control characters), and
+    /// everything else as it is; a string whose escapes are all short ones is therefore already
+    /// canonical. Others (`\/`, `\u0041`) are respelled by `serde_json` itself.
+    fn string(&mut self) -> Option<()> {
+        let (end, escaped) = self.scan_string()?;
+        let token = &self.input[self.pos..end];
+        let short_escapes_only = || {
+            let mut bytes = token.iter();
+            while let Some(&b) = bytes.next() {
+                if b == b'\\'
+                    && !matches!(
+                        bytes.next(),
+                        Some(b'"' | b'\\' | b'b' | b'f' | b'n' | b'r' | b't')
+                    )
+                {
+                    return false;
+                }
+            }
+            true
+        };
+        if !escaped || short_escapes_only() {
+            self.copy_to(end);
+            return Some(());
+        }
+        let s: String = serde_json::from_slice(token).ok()?;
+        let spelling = serde_json::to_vec(&s).ok()?;
+        self.replace_to(end, &spelling);
+        Some(())
+    }
+
+    /// A number, checked against the JSON grammar. Short integers are kept as spelled; others
+    /// are respelled by `serde_json` (`1E2` becomes `100.0`, `-0` becomes `-0.0`, an integer
+    /// too big for 64 bits becomes a float, one too big for a float is an error).
+    fn number(&mut self) -> Option<()> {
+        let input = self.input;
+        let digits = |from: usize| {
+            from + input[from..]
+                .iter()
+                .position(|b| !b.is_ascii_digit())
+                .unwrap_or(input.len() - from)
+        };
+        let sign = usize::from(input[self.pos] == b'-');
+        let int_start = self.pos + sign;
+        let mut end = match input.get(int_start)? {
+            b'0' => int_start + 1,
+            b'1'..=b'9' => digits(int_start),
+            _ => return None,
+        };
+        let int_digits = end - int_start;
+        let mut integer = true;
+        if input.get(end) == Some(&b'.') {
+            let fraction = digits(end + 1);
+            if fraction == end + 1 {
+                return None;
+            }
+            (end, integer) = (fraction, false);
+        }
+        if matches!(input.get(end), Some(b'e' | b'E')) {
+            let exp_start = end + 1 + usize::from(matches!(input.get(end + 1), Some(b'+' | b'-')));
+            let exponent = digits(exp_start);
+            if exponent == exp_start {
+                return None;
+            }
+            (end, integer) = (exponent, false);
+        }
+        let token = &input[self.pos..end];
+        if integer && int_digits <= SHORT_INT_DIGITS && token != b"-0" {
+            self.copy_to(end);
+            return Some(());
+        }
+        let n: serde_json::Number = serde_json::from_slice(token).ok()?;
+        let mut spelling = [0; NUMBER_SPELLING];
+        let mut rest = &mut spelling[..];
+        serde_json::to_writer(&mut rest, &n).ok()?;
+        let len = NUMBER_SPELLING - rest.len();
+        self.replace_to(end, &spelling[..len]);
+        Some(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fingerprint::{
+        BODY_JSON, BODY_RAW, DOMAIN, Fingerprint, field, is_json_content_type, normalize_path_and_query,
+    };
+    use proptest::prelude::*;
+    use proptest::sample::{Index, select};
+    use sha2::{Digest, Sha256};
+
+    /// `Fingerprint::compute` as it was before the single pass: the reference the current one
+    /// must equal byte for byte, since stored records hold fingerprints computed this way.
+    fn reference_fingerprint(
+        route_id: &str,
+        method: &str,
+        path_and_query: &str,
+        content_type: Option<&str>,
+        body: &[u8],
+    ) -> Fingerprint {
+        let mut h = Sha256::new();
+        field(&mut h, DOMAIN);
+        field(&mut h, route_id.as_bytes());
+        field(&mut h, method.to_ascii_uppercase().as_bytes());
+        field(&mut h, normalize_path_and_query(path_and_query).as_bytes());
+        let canonical = content_type
+            .filter(|ct| is_json_content_type(ct))
+            .and_then(|_| via_value(body));
+        if let Some(canonical) = canonical {
+            field(&mut h, BODY_JSON);
+            field(&mut h, &canonical);
+        } else {
+            field(&mut h, BODY_RAW);
+            field(&mut h, body);
+        }
+        Fingerprint(h.finalize().into())
+    }
+
+    fn assert_same_as_reference(body: &[u8]) {
+        assert_eq!(
+            canonical_json(body).map(Cow::into_owned),
+            via_value(body),
+            "{}",
+            String::from_utf8_lossy(body)
+        );
+    }
+
+    #[test]
+    fn canonical_form() {
+        let c = canonical_json(br#" { "b" : [ {"d":1,"c":2} ], "a" : "\u00e9\n" } "#).unwrap();
+        assert_eq!(&*c, r#"{"a":"é\n","b":[{"c":2,"d":1}]}"#.as_bytes());
+    }
+
+    #[test]
+    fn canonical_bodies_are_borrowed() {
+        for body in [
+            r#"{"amount":100,"currency":"eur"}"#,
+            " [1,\"a\\n\\\"b\",{\"a\":{},\"b\":[]},true,null,-5]\r\n",
+            "\"é\"",
+        ] {
+            let c = canonical_json(body.as_bytes()).unwrap();
+            assert!(matches!(c, Cow::Borrowed(_)), "{body}");
+            assert_eq!(&*c, body.trim().as_bytes());
+        }
+    }
+
+    #[test]
+    fn respelled_tokens_match_the_reference() {
+        for body in [
+            "1.0",
+            "1E2",
+            "1e-7",
+            "-0",
+            "-0.0",
+            "0.1e1",
+            "1e400",
+            "-1e-400",
+            "123456789012345678",
+            "1234567890123456789",
+            "-1234567890123456789",
+            "9223372036854775808",
+            "-9223372036854775808",
+            "-9223372036854775809",
+            "18446744073709551615",
+            "18446744073709551616",
+            "01",
+            "1.",
+            ".5",
+            "+1",
+            "-",
+            r#""\/\u0041\u00e9""#,
+            r#""\ud83d\ude00""#,
+            r#""\ud83d""#,
+            r#""\u001f\u007f""#,
+            r#""\x""#,
+            "\"a\u{1}\"",
+            r#"{"b":1,"a":2,"b":3}"#,
+            r#"{"a":1,"a":1}"#,
+            r#"{"\u0062":1,"a":2}"#,
+            r#"{"b\"":1,"b!":2}"#,
+            r#"{"é":1,"z":2,"":3}"#,
+            r#"{"a":1,}"#,
+            "[1,]",
+            "[1 2]",
+            "{\"a\" 1}",
+            "nul",
+            "truex",
+            "[] []",
+            "\u{feff}{}",
+            "",
+            " ",
+            "{}",
+            "[]",
+        ] {
+            assert_same_as_reference(body.as_bytes());
+        }
+        assert_same_as_reference(b"\"\xff\"");
+        assert_same_as_reference(b"{\"\xc3\":1}");
+    }
+
+    #[test]
+    fn deep_nesting_matches_the_reference() {
+        for depth in [1, 63, 64, 65, 66, 126, 127, 128, 129, 300] {
+            let arrays = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+            let objects = format!("{}1{}", r#"{"b":0,"a":"#.repeat(depth), "}".repeat(depth));
+            assert_same_as_reference(arrays.as_bytes());
+            assert_same_as_reference(objects.as_bytes());
+        }
+    }
+
+    // ---- property tests: random JSON texts, spelled every way ----
+
+    fn ws() -> impl Strategy<Value = String> {
+        prop_oneof![6 => Just(String::new()), 1 => "[ \t\r\n]{1,3}"]
+    }
+
+    fn number() -> impl Strategy<Value = String> {
+        let odd = vec![
+            "-0",
+            "-0.0",
+            "0e0",
+            "1E400",
+            "-1e-400",
+            "01",
+            "1.",
+            ".5",
+            "-",
+            "1e",
+            "+1",
+            "1e+",
+            "9223372036854775807",
+            "9223372036854775808",
+            "-9223372036854775808",
+            "-9223372036854775809",
+            "18446744073709551615",
+            "18446744073709551616",
+        ];
+        prop_oneof![
+            4 => "-?(0|[1-9][0-9]{0,3})",
+            2 => "-?(0|[1-9][0-9]{15,24})",
+            3 => "-?(0|[1-9][0-9]{0,3})(\\.[0-9]{1,8})?([eE][+-]?[0-9]{1,3})?",
+            1 => any::<f64>().prop_map(|f| if f.is_finite() { format!("{f:e}") } else { "0".into() }),
+            1 => any::<f64>().prop_map(|f| if f.is_finite() { f.to_string() } else { "0".into() }),
+            1 => any::<i64>().prop_map(|n| n.to_string()),
+            1 => any::<u64>().prop_map(|n| n.to_string()),
+            1 => select(odd).prop_map(str::to_owned),
+        ]
+    }
+
+    fn string(plain: &'static str) -> impl Strategy<Value = String> {
+        let short = vec!["\\\"", "\\\\", "\\/", "\\b", "\\f", "\\n", "\\r", "\\t"];
+        let invalid = vec!["\\x", "\\", "\u{1}", "\n", "\\u12", "\\U0041"];
+        let piece = prop_oneof![
+            12 => plain,
+            4 => select(short).prop_map(str::to_owned),
+            2 => "\\\\u00[0-9a-fA-F]{2}",
+            2 => "\\\\u[0-9a-fA-F]{4}",
+            1 => "\\\\u[dD][89abAB][0-9a-fA-F]{2}\\\\u[dD][c-fC-F][0-9a-fA-F]{2}",
+            1 => "\\\\u[dD][89a-fA-F][0-9a-fA-F]{2}",
+            1 => select(invalid).prop_map(str::to_owned),
+        ];
+        proptest::collection::vec(piece, 0..4).prop_map(|p| format!("\"{}\"", p.concat()))
+    }
+
+    /// A JSON text (or nearly: a few pieces are invalid on purpose). Keys come from a tiny
+    /// alphabet so that objects often have unsorted and duplicate keys.
+    fn json_text() -> impl Strategy<Value = String> {
+        let leaf = prop_oneof![
+            select(vec!["null", "true", "false"]).prop_map(str::to_owned),
+            number(),
+            string("[a-zA-Z0-9 é\u{1F600}\u{7f}/]{1,4}"),
+        ];
+        leaf.prop_recursive(5, 64, 6, |inner| {
+            let item = (ws(), inner.clone(), ws()).prop_map(|(a, v, b)| format!("{a}{v}{b}"));
+            let key = prop_oneof![
+                6 => "[abé]{0,2}".prop_map(|k| format!("\"{k}\"")),
+                1 => string("[ab\u{1F600}]{1,2}"),
+            ];
+            let member = (ws(), key, ws(), ws(), inner, ws())
+                .prop_map(|(a, k, b, c, v, d)| format!("{a}{k}{b}:{c}{v}{d}"));
+            prop_oneof![
+                (proptest::collection::vec(item, 0..6), ws())
+                    .prop_map(|(items, w)| format!("[{w}{}]", items.join(","))),
+                (proptest::collection::vec(member, 0..6), ws())
+                    .prop_map(|(members, w)| format!("{{{w}{}}}", members.join(","))),
+            ]
+        })
+    }
+
+    /// Request bodies: JSON texts with whitespace around them, some with one byte changed or
+    /// cut short, and plain random bytes.
+    fn body() -> impl Strategy<Value = Vec<u8>> {
+        let doc = (ws(), json_text(), ws())
+            .prop_map(|(a, t, b)| format!("{a}{t}{b}").into_bytes())
+            .boxed();
+        prop_oneof![
+            12 => doc.clone(),
+            2 => (doc.clone(), any::<Index>(), any::<u8>()).prop_map(|(mut d, i, b)| {
+                if !d.is_empty() {
+                    let i = i.index(d.len());
+                    d[i] = b;
+                }
+                d
+            }),
+            1 => (doc, any::<Index>()).prop_map(|(mut d, i)| {
+                d.truncate(i.index(d.len() + 1));
+                d
+            }),
+            1 => proptest::collection::vec(any::<u8>(), 0..32),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+
+        #[test]
+        fn canonical_json_equals_the_value_path(body in body()) {
+            prop_assert_eq!(
+                canonical_json(&body).map(Cow::into_owned),
+                via_value(&body),
+                "{}",
+                String::from_utf8_lossy(&body)
+            );
+        }
+
+        #[test]
+        fn fingerprint_equals_the_reference(
+            body in body(),
+            method in "[pP][oO][sS][tT]|GET|patch",
+            ct in proptest::option::of(select(vec![
+                "application/json", "application/problem+json; charset=utf-8", "text/plain",
+            ])),
+            pq in "/[a-z]{0,3}(\\?[ab=&]{0,6})?",
+        ) {
+            prop_assert_eq!(
+                Fingerprint::compute("r", &method, &pq, ct, &body),
+                reference_fingerprint("r", &method, &pq, ct, &body)
+            );
+        }
+    }
+}
