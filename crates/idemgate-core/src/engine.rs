@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::fingerprint::Fingerprint;
+use crate::lead::{Lead, Leads, Taken};
 use crate::notify::Handoff;
 use crate::record::{LeaseToken, Millis, RecordState, StoredResponse, now_millis};
 use crate::renew::Renewer;
@@ -198,6 +199,8 @@ pub enum Finished {
 pub struct Engine<S> {
     store: Arc<S>,
     renewer: Arc<Renewer<S>>,
+    /// Keys a request of this process is asking the store about or executing (`lead.rs`).
+    leads: Arc<Leads>,
 }
 
 impl<S> Clone for Engine<S> {
@@ -205,6 +208,7 @@ impl<S> Clone for Engine<S> {
         Self {
             store: self.store.clone(),
             renewer: self.renewer.clone(),
+            leads: self.leads.clone(),
         }
     }
 }
@@ -215,6 +219,7 @@ impl<S: Store> Engine<S> {
         Self {
             renewer: Renewer::new(store.clone()),
             store,
+            leads: Arc::default(),
         }
     }
 
@@ -256,10 +261,36 @@ impl<S: Store> Engine<S> {
         let wait_until = now_millis() + millis(policy.wait_timeout);
         // A remote store subscribes first, so a key found in flight is waited on without asking
         // again (see `Store::remote`).
-        let mut subscription = (self.store.remote() && policy.concurrent == Concurrency::Wait)
-            .then(|| self.store.notifier().subscribe(key));
+        let waits = policy.concurrent == Concurrency::Wait;
+        let mut subscription = (self.store.remote() && waits).then(|| self.store.notifier().subscribe(key));
+        let mut lead: Option<Lead> = None;
         loop {
             let now = now_millis();
+            // One store call per key on this process (`lead.rs`): if another request here holds
+            // the key's lead, wait for its hand-off instead of asking the store. Past the
+            // deadline, ask the store for the real answer.
+            if waits && lead.is_none() && now < wait_until {
+                let notifier = self.store.notifier();
+                match self.leads.try_lead(key, (fingerprint, route), notifier) {
+                    Ok(l) => lead = Some(l),
+                    Err(Taken::Other) => {}
+                    Err(Taken::Same) => {
+                        let sub = subscription.get_or_insert_with(|| notifier.subscribe(key));
+                        // Subscribed, then checked: a lead given up before the subscription is
+                        // seen here, one given up after it wakes the subscription.
+                        if !self.leads.held(key) {
+                            continue;
+                        }
+                        *waited = true;
+                        let nap = Duration::from_millis(wait_until.saturating_sub(now));
+                        if let Ok(Some(handoff)) = tokio::time::timeout(nap, sub.notified()).await {
+                            return Ok(replay_handoff(&handoff, fingerprint, route));
+                        }
+                        subscription = Some(notifier.subscribe(key));
+                        continue;
+                    }
+                }
+            }
             let req = BeginRequest {
                 fingerprint,
                 route,
@@ -272,7 +303,7 @@ impl<S: Store> Engine<S> {
             };
             let lease_until = match self.store.begin(key, &req).await? {
                 Begin::Acquired { operation_id, .. } => {
-                    return Ok(Started::Execute(Execution::start(
+                    let mut exec = Execution::start(
                         self.store.clone(),
                         &self.renewer,
                         (fingerprint, route),
@@ -280,12 +311,25 @@ impl<S: Store> Engine<S> {
                         token,
                         operation_id,
                         policy,
-                    )));
+                    );
+                    // Held until the outcome is recorded and handed over.
+                    exec.lead = lead;
+                    return Ok(Started::Execute(exec));
                 }
                 Begin::Replay(record) => {
                     let RecordState::Completed { response, .. } = record.state else {
                         unreachable!("rules::begin replays only completed records")
                     };
+                    if lead.is_some() {
+                        // This process's waiters take the stored outcome from the lead.
+                        self.store.notifier().publish(key, || Handoff {
+                            fingerprint: record.fingerprint,
+                            route: record.route.clone(),
+                            operation_id: record.operation_id.clone(),
+                            response: response.clone(),
+                            expires_at: record.expires_at,
+                        });
+                    }
                     return Ok(Started::completed(
                         response,
                         record.operation_id,
@@ -448,6 +492,9 @@ pub struct Execution<S: Store> {
     renewer: Arc<Renewer<S>>,
     /// The lease renewal's id while it runs.
     renewal: Option<u64>,
+    /// The key's lead on this process (`lead.rs`): dropped with the execution, after the
+    /// outcome was handed over, it wakes any waiter that still needs the store.
+    lead: Option<Lead>,
 }
 
 impl<S: Store> Execution<S> {
@@ -472,6 +519,7 @@ impl<S: Store> Execution<S> {
             route: route.to_owned(),
             renewer: renewer.clone(),
             renewal,
+            lead: None,
         }
     }
 

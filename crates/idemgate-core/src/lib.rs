@@ -15,6 +15,7 @@
 pub mod engine;
 pub mod fingerprint;
 pub mod key;
+mod lead;
 pub mod memory;
 pub mod namespace;
 pub mod notify;

@@ -127,6 +127,13 @@ impl Notifier {
         }
     }
 
+    /// How many subscriptions `key` has (for tests).
+    #[must_use]
+    pub fn subscribers(&self, key: &str) -> usize {
+        let shard = self.shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+        shard.get(key).map_or(0, |e| e.subscribers)
+    }
+
     /// How many keys have subscribers (for tests and metrics).
     #[must_use]
     pub fn watched_keys(&self) -> usize {

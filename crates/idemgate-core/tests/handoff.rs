@@ -1,5 +1,5 @@
-//! Waiters on the process that ran the operation answer from the owner's handed-over outcome,
-//! not by reading the store again.
+//! Waiters on the process that ran the operation answer from the owner's handed-over outcome:
+//! they wait on the key's lead (`lead.rs`) and never read the store.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -72,7 +72,7 @@ async fn local_waiters_take_the_outcome_without_reading_the_store() {
     storm(false).await;
 }
 
-/// On a networked store a waiter subscribes before its first `begin`, so it asks once, not twice.
+/// On a networked store as on a local one: the same request waits for this process's lead.
 #[tokio::test]
 async fn waiters_on_a_remote_store_ask_once() {
     storm(true).await;
@@ -106,11 +106,11 @@ async fn storm(remote: bool) {
             engine.begin("k", route, fp, &policy).await
         }));
     }
-    // Each waiter asks twice before it sleeps (once, then again after subscribing), or once
-    // when it subscribed first.
-    let asked = 1 + if remote { WAITERS } else { 2 * WAITERS } + 2;
+    // The same request waits on this process's lead and never asks the store; another body or
+    // route asks it and is refused at once.
+    let asked = 1 + 2;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while store.begins.load(Ordering::SeqCst) < asked {
+    while store.begins.load(Ordering::SeqCst) < asked || store.notifier().subscribers("k") < WAITERS {
         assert!(
             tokio::time::Instant::now() < deadline,
             "waiters never went to sleep"
@@ -148,4 +148,95 @@ async fn storm(remote: bool) {
         panic!("replay");
     };
     assert_eq!(op, operation_id);
+}
+
+/// Waits until `n` requests subscribed to `k` (they are asleep on the lead).
+async fn asleep(store: &Counting, n: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while store.notifier().subscribers("k") < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "waiters never went to sleep"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+fn counting() -> Arc<Counting> {
+    Arc::new(Counting {
+        inner: MemoryStore::new(1 << 20),
+        begins: AtomicUsize::new(0),
+        remote: false,
+    })
+}
+
+/// A released key wakes the waiters of the lead: exactly one of them executes, the others take
+/// its outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_release_one_waiter_takes_over_and_the_rest_replay_it() {
+    const WAITERS: usize = 20;
+    let store = counting();
+    let engine = Engine::new(store.clone());
+    let (fp, policy) = (Fingerprint([1; 32]), Policy::default());
+    let Started::Execute(first) = engine.begin("k", "r", fp, &policy).await.unwrap() else {
+        panic!("the first request executes");
+    };
+    let executions = Arc::new(AtomicUsize::new(0));
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let (engine, policy, executions) = (engine.clone(), policy.clone(), executions.clone());
+            tokio::spawn(async move {
+                match engine.begin("k", "r", fp, &policy).await.unwrap() {
+                    Started::Execute(exec) => {
+                        executions.fetch_add(1, Ordering::SeqCst);
+                        exec.finish(Outcome::Response(response("{}"))).await.unwrap();
+                        "executed"
+                    }
+                    Started::Replay { .. } => "replayed",
+                    other => panic!("{other:?}"),
+                }
+            })
+        })
+        .collect();
+    asleep(&store, WAITERS).await;
+    first.finish(Outcome::NoResponse).await.unwrap();
+    let mut replayed = 0;
+    for w in waiters {
+        replayed += usize::from(w.await.unwrap() == "replayed");
+    }
+    assert_eq!(executions.load(Ordering::SeqCst), 1, "one waiter took over");
+    assert_eq!(replayed, WAITERS - 1);
+}
+
+/// An execution dropped without an outcome (its outcome is unknown) gives the lead up: the
+/// waiters ask the store, find the key still in flight, and answer at their deadline instead of
+/// hanging.
+#[tokio::test]
+async fn a_dropped_execution_does_not_hang_its_waiters() {
+    let store = counting();
+    let engine = Engine::new(store.clone());
+    let fp = Fingerprint([1; 32]);
+    let policy = Policy {
+        wait_timeout: Duration::from_millis(300),
+        ..Policy::default()
+    };
+    let Started::Execute(first) = engine.begin("k", "r", fp, &policy).await.unwrap() else {
+        panic!("the first request executes");
+    };
+    let waiter = {
+        let (engine, policy) = (engine.clone(), policy.clone());
+        tokio::spawn(async move { engine.begin("k", "r", fp, &policy).await })
+    };
+    asleep(&store, 1).await;
+    drop(first);
+    let answer = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter answers")
+        .unwrap()
+        .unwrap();
+    assert!(matches!(answer, Started::InFlight { .. }), "{answer:?}");
+    assert!(
+        store.begins.load(Ordering::SeqCst) >= 2,
+        "the waiter asked the store"
+    );
 }
