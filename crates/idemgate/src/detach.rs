@@ -4,27 +4,31 @@
 //! and replayed to the retry). Spawning every execution as a task of its own costs a task, a
 //! channel and two task switches per miss; instead the request's task polls the execution
 //! itself, and only if that task drops it unfinished (the client left) does the rest of the
-//! execution move to a task of its own, tracked for graceful shutdown like any execution.
+//! execution move to a task of its own. Either way it holds a token of the executions'
+//! tracker from the start, so a graceful shutdown waits for it wherever it runs.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use tokio_util::task::TaskTracker;
+use tokio_util::task::task_tracker::TaskTrackerToken;
 
 type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-/// Polls `fut` in place; dropped before it finished, it spawns the rest on `tasks`.
+/// Polls `fut` in place, counted in `tasks`; dropped before it finished, it spawns the rest,
+/// still counted.
 pub struct Detached<T: Send + 'static> {
     fut: Option<Boxed<T>>,
-    tasks: TaskTracker,
+    /// Counts this execution in `tasks` while it runs in place (`TaskTracker::wait`).
+    token: Option<TaskTrackerToken>,
 }
 
 impl<T: Send + 'static> Detached<T> {
     pub fn new(fut: impl Future<Output = T> + Send + 'static, tasks: &TaskTracker) -> Self {
         Self {
             fut: Some(Box::pin(fut)),
-            tasks: tasks.clone(),
+            token: Some(tasks.token()),
         }
     }
 }
@@ -36,8 +40,18 @@ impl<T: Send + 'static> Future for Detached<T> {
         let Some(fut) = self.fut.as_mut() else {
             panic!("Detached polled after it finished");
         };
-        let out = std::task::ready!(fut.as_mut().poll(cx));
+        // A panicking execution is not resumed in a task on drop (it would only panic again).
+        let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(cx)));
+        let out = match polled {
+            Ok(Poll::Pending) => return Poll::Pending,
+            Ok(Poll::Ready(out)) => out,
+            Err(panic) => {
+                self.fut = None;
+                std::panic::resume_unwind(panic);
+            }
+        };
         self.fut = None;
+        self.token = None;
         Poll::Ready(out)
     }
 }
@@ -45,10 +59,13 @@ impl<T: Send + 'static> Future for Detached<T> {
 impl<T: Send + 'static> Drop for Detached<T> {
     fn drop(&mut self) {
         let Some(fut) = self.fut.take() else { return };
+        let token = self.token.take();
         // Outside a runtime (the process is exiting) there is nowhere to run it: the lease
         // expires as after a crash.
+        // The token goes with it: the tracker counts the task until the execution ends.
         if tokio::runtime::Handle::try_current().is_ok() {
-            self.tasks.spawn(async move {
+            tokio::spawn(async move {
+                let _token = token;
                 let _ = fut.await;
             });
         }
@@ -66,8 +83,10 @@ mod tests {
     #[tokio::test]
     async fn runs_in_place_and_returns_its_output() {
         let tasks = TaskTracker::new();
-        assert_eq!(Detached::new(async { 7 }, &tasks).await, 7);
-        assert!(tasks.is_empty(), "nothing was spawned");
+        let running = Detached::new(async { 7 }, &tasks);
+        assert_eq!(tasks.len(), 1, "counted while it runs in place");
+        assert_eq!(running.await, 7);
+        assert!(tasks.is_empty(), "nothing was spawned, nothing left counted");
     }
 
     #[tokio::test]
