@@ -264,30 +264,40 @@ impl<S: Store> Engine<S> {
         let waits = policy.concurrent == Concurrency::Wait;
         let mut subscription = (self.store.remote() && waits).then(|| self.store.notifier().subscribe(key));
         let mut lead: Option<Lead> = None;
+        let mut gate = waits;
         loop {
             let now = now_millis();
             // One store call per key on this process (`lead.rs`): if another request here holds
             // the key's lead, wait for its hand-off instead of asking the store. Past the
             // deadline, ask the store for the real answer.
-            if waits && lead.is_none() && now < wait_until {
+            if gate && lead.is_none() && now < wait_until {
                 let notifier = self.store.notifier();
                 match self.leads.try_lead(key, (fingerprint, route), notifier) {
                     Ok(l) => lead = Some(l),
                     Err(Taken::Other) => {}
                     Err(Taken::Same) => {
                         let sub = subscription.get_or_insert_with(|| notifier.subscribe(key));
-                        // Subscribed, then checked: a lead given up before the subscription is
-                        // seen here, one given up after it wakes the subscription.
-                        if !self.leads.held(key) {
-                            continue;
+                        // Subscribed, then checked again: a lead given up before the
+                        // subscription is seen here, one given up after it wakes it.
+                        match self.leads.holder(key, (fingerprint, route)) {
+                            None => continue,
+                            // Another request took the key meanwhile: ask the store.
+                            Some(Taken::Other) => {}
+                            Some(Taken::Same) => {
+                                *waited = true;
+                                let nap = Duration::from_millis(wait_until.saturating_sub(now));
+                                if let Ok(Some(handoff)) = tokio::time::timeout(nap, sub.notified()).await {
+                                    return Ok(replay_handoff(&handoff, fingerprint, route));
+                                }
+                                // Woken without a hand-off (a release, a refusal, a store error,
+                                // another replica's news) or at the deadline: from here on ask the
+                                // store like any waiter, so the waiters of a lead that ended
+                                // without an outcome are not served one new lead at a time.
+                                gate = false;
+                                subscription = Some(notifier.subscribe(key));
+                                continue;
+                            }
                         }
-                        *waited = true;
-                        let nap = Duration::from_millis(wait_until.saturating_sub(now));
-                        if let Ok(Some(handoff)) = tokio::time::timeout(nap, sub.notified()).await {
-                            return Ok(replay_handoff(&handoff, fingerprint, route));
-                        }
-                        subscription = Some(notifier.subscribe(key));
-                        continue;
                     }
                 }
             }

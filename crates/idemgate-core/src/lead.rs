@@ -6,8 +6,10 @@
 //! of this process for a key takes the key's *lead* and asks the store; the others wait on the
 //! notifier for the lead's outcome, which an execution hands over when it records it. A lead is
 //! held from the store call until the execution finishes (or, if the store did not grant
-//! execution, until the answer is known), and dropping it wakes every waiter, so one that got
-//! no hand-off (a release, a refusal, a lead that gave up) asks again and never hangs.
+//! execution, until the answer is known), and dropping it wakes every waiter. A waiter woken
+//! without a hand-off (a release, a refusal, a store error, a lead that gave up) asks the store
+//! from then on, like every waiter did before leads: the waiters of a lead that ended without
+//! an outcome ask in parallel, not one new lead at a time, and none hangs.
 //!
 //! Only the same request waits on a lead (same fingerprint and route): a different body or
 //! route under a held key asks the store, which refuses it at once, as before.
@@ -44,18 +46,14 @@ impl Leads {
     pub(crate) fn try_lead(
         self: &Arc<Self>,
         key: &str,
-        (fingerprint, route): (Fingerprint, &str),
+        request: (Fingerprint, &str),
         notifier: &Arc<Notifier>,
     ) -> Result<Lead, Taken> {
         let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((fp, r)) = keys.get(key) {
-            return Err(if fp.ct_eq(&fingerprint) && **r == *route {
-                Taken::Same
-            } else {
-                Taken::Other
-            });
+        if let Some(leader) = keys.get(key) {
+            return Err(compare(leader, request));
         }
-        keys.insert(key.into(), (fingerprint, route.into()));
+        keys.insert(key.into(), (request.0, request.1.into()));
         Ok(Lead {
             leads: self.clone(),
             notifier: notifier.clone(),
@@ -63,12 +61,18 @@ impl Leads {
         })
     }
 
-    /// Whether a request of this process holds the lead of `key`.
-    pub(crate) fn held(&self, key: &str) -> bool {
-        self.keys
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains_key(key)
+    /// Who holds the lead of `key`, compared with this request; `None` when nobody does.
+    pub(crate) fn holder(&self, key: &str, request: (Fingerprint, &str)) -> Option<Taken> {
+        let keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        keys.get(key).map(|leader| compare(leader, request))
+    }
+}
+
+fn compare((fp, route): &Leader, (fingerprint, r): (Fingerprint, &str)) -> Taken {
+    if fp.ct_eq(&fingerprint) && **route == *r {
+        Taken::Same
+    } else {
+        Taken::Other
     }
 }
 
@@ -112,9 +116,10 @@ mod tests {
             .ok()
             .expect("another key is free");
         let mut sub = notifier.subscribe("k");
-        assert!(leads.held("k"));
+        assert!(matches!(leads.holder("k", req), Some(Taken::Same)));
+        assert!(matches!(leads.holder("k", body), Some(Taken::Other)));
         drop(first);
-        assert!(!leads.held("k"));
+        assert!(leads.holder("k", req).is_none());
         let woke = tokio::time::timeout(std::time::Duration::from_secs(5), sub.notified()).await;
         assert!(matches!(woke, Ok(None)), "a bare wake-up, no hand-off");
         assert!(leads.try_lead("k", req, &notifier).is_ok(), "free again");
