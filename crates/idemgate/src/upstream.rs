@@ -34,6 +34,9 @@ use tokio::net::TcpStream;
 /// Idle connections kept per origin; more are closed when they come back.
 const MAX_IDLE_PER_ORIGIN: usize = 1024;
 
+/// How long a pooled connection may take to become ready for its next request.
+const READY_WAIT: Duration = Duration::from_secs(1);
+
 /// Why an upstream request failed.
 #[derive(Debug)]
 pub enum Error {
@@ -122,7 +125,15 @@ impl Upstreams {
                 Some(conn) => conn,
                 None => self.connect(&authority).await?,
             };
-            if reused && conn.send.ready().await.is_err() {
+            // A pooled connection is normally ready at once; one whose upstream stopped reading
+            // a request body it answered early never is. It is closed after a short wait
+            // instead of holding this request until the route's timeout (nothing was sent on it).
+            if reused
+                && !matches!(
+                    tokio::time::timeout(READY_WAIT, conn.send.ready()).await,
+                    Ok(Ok(()))
+                )
+            {
                 pooled = self.inner.checkout(&authority).0;
                 continue;
             }

@@ -27,6 +27,9 @@ struct Upstream {
 struct Answer {
     body_len: usize,
     close: bool,
+    /// Answer the first request head at once, then stop reading the connection (an upstream
+    /// that refuses a large request body early and never drains it).
+    stop_reading: bool,
 }
 
 async fn upstream(answer: Answer) -> Upstream {
@@ -79,6 +82,10 @@ async fn upstream(answer: Answer) -> Upstream {
                         if sock.write_all(&out).await.is_err() || answer.close {
                             return;
                         }
+                        if answer.stop_reading {
+                            close_idle.notified().await;
+                            return;
+                        }
                     }
                 }
             });
@@ -116,6 +123,7 @@ async fn sequential_requests_share_one_connection_and_send_the_origin_host() {
     let up = upstream(Answer {
         body_len: 10,
         close: false,
+        stop_reading: false,
     })
     .await;
     let pool = pool();
@@ -133,6 +141,7 @@ async fn concurrent_requests_each_get_a_connection_and_all_come_back() {
     let up = upstream(Answer {
         body_len: 100,
         close: false,
+        stop_reading: false,
     })
     .await;
     let pool = pool();
@@ -161,6 +170,7 @@ async fn a_connection_the_upstream_closed_while_idle_is_not_used() {
     let up = upstream(Answer {
         body_len: 10,
         close: false,
+        stop_reading: false,
     })
     .await;
     let pool = pool();
@@ -179,6 +189,7 @@ async fn a_body_dropped_half_read_closes_its_connection() {
     let up = upstream(Answer {
         body_len: 4 << 20,
         close: false,
+        stop_reading: false,
     })
     .await;
     let pool = pool();
@@ -198,6 +209,7 @@ async fn connection_close_from_the_upstream_is_honoured() {
     let up = upstream(Answer {
         body_len: 10,
         close: true,
+        stop_reading: false,
     })
     .await;
     let pool = pool();
@@ -222,4 +234,29 @@ async fn refused_connections_and_bad_targets_are_errors() {
         .body(Full::new(Bytes::new()))
         .unwrap();
     assert!(pool.request(https).await.is_err());
+}
+
+/// An upstream that answered before reading a large request body and stopped reading leaves
+/// its connection unable to take another request: the next call gives up on it after a short
+/// wait and uses a new connection, instead of waiting for it until the route's timeout.
+#[tokio::test]
+async fn a_connection_stuck_writing_a_request_body_is_not_waited_for() {
+    let up = upstream(Answer {
+        body_len: 2,
+        close: false,
+        stop_reading: true,
+    })
+    .await;
+    let pool = pool();
+    let big = Request::post(format!("http://{}/upload", up.authority))
+        .body(Full::new(Bytes::from(vec![b'x'; 64 << 20])))
+        .unwrap();
+    let resp = pool.request(big).await.expect("answered early");
+    assert_eq!(resp.into_body().collect().await.unwrap().to_bytes().len(), 2);
+    let second = tokio::time::timeout(Duration::from_secs(10), call(&pool, &up.authority))
+        .await
+        .expect("not held by the stuck connection");
+    assert_eq!(second.len(), 2);
+    assert_eq!(up.connections.load(Ordering::SeqCst), 2);
+    up.close_idle.notify_waiters();
 }
