@@ -91,9 +91,7 @@ struct Origin {
 }
 
 /// One HTTP/1.1 connection's request sender; the connection itself runs in a task of its own.
-struct Conn {
-    send: http1::SendRequest<Full<Bytes>>,
-}
+type Conn = http1::SendRequest<Full<Bytes>>;
 
 impl Upstreams {
     #[must_use]
@@ -128,23 +126,17 @@ impl Upstreams {
             // A pooled connection is normally ready at once; one whose upstream stopped reading
             // a request body it answered early never is. It is closed after a short wait
             // instead of holding this request until the route's timeout (nothing was sent on it).
-            if reused
-                && !matches!(
-                    tokio::time::timeout(READY_WAIT, conn.send.ready()).await,
-                    Ok(Ok(()))
-                )
-            {
+            if reused && !matches!(tokio::time::timeout(READY_WAIT, conn.ready()).await, Ok(Ok(()))) {
                 pooled = self.inner.checkout(&authority).0;
                 continue;
             }
-            match conn.send.try_send_request(req).await {
+            match conn.try_send_request(req).await {
                 Ok(resp) => {
-                    let pool = Some((self.inner.clone(), authority));
+                    let back = Some((conn, self.inner.clone(), authority));
                     return Ok(resp.map(|body| UpstreamBody {
                         body,
-                        conn: Some(conn),
                         ended: false,
-                        pool,
+                        back,
                     }));
                 }
                 Err(mut e) => match e.take_message() {
@@ -175,7 +167,7 @@ impl Upstreams {
                 tracing::debug!(error = %e, "upstream connection ended with an error");
             }
         });
-        Ok(Conn { send })
+        Ok(send)
     }
 
     /// Idle connections to `authority` that are still open.
@@ -189,7 +181,7 @@ impl Upstreams {
         origins
             .iter()
             .find(|o| o.authority.as_str().eq_ignore_ascii_case(authority))
-            .map_or(0, |o| o.idle.iter().filter(|(c, _)| !c.send.is_closed()).count())
+            .map_or(0, |o| o.idle.iter().filter(|(c, _)| !c.is_closed()).count())
     }
 }
 
@@ -246,13 +238,13 @@ impl Inner {
     }
 }
 
-/// An upstream response body. Reading it drives its connection; read to the end and dropped, it
-/// returns the connection to the pool, otherwise the connection is closed.
+/// An upstream response body. Read to the end and dropped, it returns its connection to the
+/// pool; dropped earlier, the connection is closed.
 pub struct UpstreamBody {
     body: Incoming,
-    conn: Option<Conn>,
     ended: bool,
-    pool: Option<(Arc<Inner>, Authority)>,
+    /// The connection and where it goes back to.
+    back: Option<(Conn, Arc<Inner>, Authority)>,
 }
 
 impl fmt::Debug for UpstreamBody {
@@ -291,11 +283,11 @@ impl http_body::Body for UpstreamBody {
 impl Drop for UpstreamBody {
     fn drop(&mut self) {
         // A body not read to its end leaves the connection mid-response: it cannot be reused.
-        if !(self.ended || self.body.is_end_stream()) {
+        if !self.is_end_stream() {
             return;
         }
-        if let (Some(conn), Some((pool, authority))) = (self.conn.take(), self.pool.take()) {
-            if !conn.send.is_closed() {
+        if let Some((conn, pool, authority)) = self.back.take() {
+            if !conn.is_closed() {
                 pool.checkin(&authority, conn);
             }
         }
