@@ -19,16 +19,14 @@ type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// Polls `fut` in place, counted in `tasks`; dropped before it finished, it spawns the rest,
 /// still counted.
 pub struct Detached<T: Send + 'static> {
-    fut: Option<Boxed<T>>,
-    /// Counts this execution in `tasks` while it runs in place (`TaskTracker::wait`).
-    token: Option<TaskTrackerToken>,
+    /// The execution and its count in `tasks` (`TaskTracker::wait`), until it finishes.
+    running: Option<(Boxed<T>, TaskTrackerToken)>,
 }
 
 impl<T: Send + 'static> Detached<T> {
     pub fn new(fut: impl Future<Output = T> + Send + 'static, tasks: &TaskTracker) -> Self {
         Self {
-            fut: Some(Box::pin(fut)),
-            token: Some(tasks.token()),
+            running: Some((Box::pin(fut), tasks.token())),
         }
     }
 }
@@ -37,7 +35,7 @@ impl<T: Send + 'static> Future for Detached<T> {
     type Output = T;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        let Some(fut) = self.fut.as_mut() else {
+        let Some((fut, _)) = self.running.as_mut() else {
             panic!("Detached polled after it finished");
         };
         // A panicking execution is not resumed in a task on drop (it would only panic again).
@@ -46,23 +44,23 @@ impl<T: Send + 'static> Future for Detached<T> {
             Ok(Poll::Pending) => return Poll::Pending,
             Ok(Poll::Ready(out)) => out,
             Err(panic) => {
-                self.fut = None;
+                self.running = None;
                 std::panic::resume_unwind(panic);
             }
         };
-        self.fut = None;
-        self.token = None;
+        self.running = None;
         Poll::Ready(out)
     }
 }
 
 impl<T: Send + 'static> Drop for Detached<T> {
     fn drop(&mut self) {
-        let Some(fut) = self.fut.take() else { return };
-        let token = self.token.take();
+        let Some((fut, token)) = self.running.take() else {
+            return;
+        };
+        // The token goes with it: the tracker counts the task until the execution ends.
         // Outside a runtime (the process is exiting) there is nowhere to run it: the lease
         // expires as after a crash.
-        // The token goes with it: the tracker counts the task until the execution ends.
         if tokio::runtime::Handle::try_current().is_ok() {
             tokio::spawn(async move {
                 let _token = token;
