@@ -268,17 +268,13 @@ impl Metrics {
             family.get_or_create(&self.labels(log, &endpoint, extra)).clone()
         };
         let inc = |family: &Counters, extra: Option<(&'static str, Cow<'static, str>)>| {
-            family.get_or_create(&self.labels(log, &endpoint, extra)).inc();
+            series(family, extra).inc();
         };
-        let present = |case: &'static str| series(&self.key_present, Some(("case", Cow::Borrowed(case))));
-        match (log.case, hot) {
-            ("none", _) => {}
-            ("A", Some(hot)) => {
-                hot.key_present_header.get_or_init(|| present("A")).inc();
-            }
-            (case, _) => {
-                present(case).inc();
-            }
+        if log.case != "none" {
+            let slot = hot.filter(|_| log.case == "A").map(|h| &h.key_present_header);
+            count(slot, || {
+                series(&self.key_present, Some(("case", Cow::Borrowed(log.case))))
+            });
         }
         if log.key_missing {
             inc(&self.key_missing, Some(("class", Cow::Borrowed(log.policy))));
@@ -293,13 +289,7 @@ impl Metrics {
                 bump(|s| &s.cache_hits);
             }
             "executed" => {
-                if let Some(hot) = hot {
-                    hot.cache_miss
-                        .get_or_init(|| series(&self.cache_miss, None))
-                        .inc();
-                } else {
-                    inc(&self.cache_miss, None);
-                }
+                count(hot.map(|h| &h.cache_miss), || series(&self.cache_miss, None));
                 bump(|s| &s.cache_misses);
             }
             _ => {}
@@ -387,6 +377,14 @@ impl Metrics {
             self.routes.iter().map(|(k, v)| (&**k, &v.stats)).collect();
         serde_json::to_value(by_route).unwrap_or_default()
     }
+}
+
+/// Counts one on the cached handle when there is a slot for it, else on the family's series.
+fn count(slot: Option<&OnceLock<Counter>>, series: impl FnOnce() -> Counter) {
+    match slot {
+        Some(slot) => slot.get_or_init(series).inc(),
+        None => series().inc(),
+    };
 }
 
 /// A status code as a label value; the common ones without formatting.
