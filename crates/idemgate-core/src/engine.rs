@@ -259,9 +259,9 @@ impl<S: Store> Engine<S> {
         let token = LeaseToken::random();
         let operation_id = new_operation_id();
         let wait_until = now_millis() + millis(policy.wait_timeout);
+        let waits = policy.concurrent == Concurrency::Wait;
         // A remote store subscribes first, so a key found in flight is waited on without asking
         // again (see `Store::remote`).
-        let waits = policy.concurrent == Concurrency::Wait;
         let mut subscription = (self.store.remote() && waits).then(|| self.store.notifier().subscribe(key));
         let mut lead: Option<Lead> = None;
         let mut gate = waits;

@@ -23,13 +23,21 @@ struct Upstream {
     close_idle: Arc<Notify>,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 struct Answer {
     body_len: usize,
     close: bool,
     /// Answer the first request head at once, then stop reading the connection (an upstream
     /// that refuses a large request body early and never drains it).
     stop_reading: bool,
+}
+
+/// A keep-alive upstream answering `body_len` bytes.
+fn answering(body_len: usize) -> Answer {
+    Answer {
+        body_len,
+        ..Answer::default()
+    }
 }
 
 async fn upstream(answer: Answer) -> Upstream {
@@ -120,12 +128,7 @@ async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 
 #[tokio::test]
 async fn sequential_requests_share_one_connection_and_send_the_origin_host() {
-    let up = upstream(Answer {
-        body_len: 10,
-        close: false,
-        stop_reading: false,
-    })
-    .await;
+    let up = upstream(answering(10)).await;
     let pool = pool();
     for _ in 0..20 {
         assert_eq!(call(&pool, &up.authority).await.len(), 10);
@@ -138,12 +141,7 @@ async fn sequential_requests_share_one_connection_and_send_the_origin_host() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_each_get_a_connection_and_all_come_back() {
-    let up = upstream(Answer {
-        body_len: 100,
-        close: false,
-        stop_reading: false,
-    })
-    .await;
+    let up = upstream(answering(100)).await;
     let pool = pool();
     let calls: Vec<_> = (0..32)
         .map(|_| {
@@ -167,12 +165,7 @@ async fn concurrent_requests_each_get_a_connection_and_all_come_back() {
 
 #[tokio::test]
 async fn a_connection_the_upstream_closed_while_idle_is_not_used() {
-    let up = upstream(Answer {
-        body_len: 10,
-        close: false,
-        stop_reading: false,
-    })
-    .await;
+    let up = upstream(answering(10)).await;
     let pool = pool();
     call(&pool, &up.authority).await;
     assert_eq!(pool.idle_open(&up.authority), 1);
@@ -186,12 +179,7 @@ async fn a_connection_the_upstream_closed_while_idle_is_not_used() {
 
 #[tokio::test]
 async fn a_body_dropped_half_read_closes_its_connection() {
-    let up = upstream(Answer {
-        body_len: 4 << 20,
-        close: false,
-        stop_reading: false,
-    })
-    .await;
+    let up = upstream(answering(4 << 20)).await;
     let pool = pool();
     let resp = pool.request(get(&up.authority)).await.unwrap();
     let mut body = resp.into_body();
@@ -207,9 +195,8 @@ async fn a_body_dropped_half_read_closes_its_connection() {
 #[tokio::test]
 async fn connection_close_from_the_upstream_is_honoured() {
     let up = upstream(Answer {
-        body_len: 10,
         close: true,
-        stop_reading: false,
+        ..answering(10)
     })
     .await;
     let pool = pool();
@@ -242,9 +229,8 @@ async fn refused_connections_and_bad_targets_are_errors() {
 #[tokio::test]
 async fn a_connection_stuck_writing_a_request_body_is_not_waited_for() {
     let up = upstream(Answer {
-        body_len: 2,
-        close: false,
         stop_reading: true,
+        ..answering(2)
     })
     .await;
     let pool = pool();
