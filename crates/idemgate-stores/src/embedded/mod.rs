@@ -575,11 +575,12 @@ impl Writer {
     /// A durable redb commit that records the last journaled sequence number, after which the
     /// journal starts over at offset 0 in a new generation. Returns whether it succeeded.
     fn checkpoint(&mut self) -> bool {
-        let seq = self.frames.seq;
+        let (seq, started) = (self.frames.seq, Instant::now());
         if let Err(e) = write_checkpoint(&self.db, seq) {
             tracing::error!(error = %e, "embedded store checkpoint failed");
             return false;
         }
+        tracing::debug!(seq, took = ?started.elapsed(), "embedded store checkpoint");
         self.frames.generation = new_generation();
         let _ = self.journal.send(journal::Msg::Wrap);
         true
