@@ -53,6 +53,9 @@ const FORMAT: u8 = 1;
 /// after this many journal bytes, or this long after the last one if anything was journaled
 /// since. Each checkpoint holds the writer for one redb fsync; between them redb cannot reuse
 /// pages that commits without an fsync freed, so the file grows by about one interval's churn.
+/// Short intervals keep each stall short: at 20k misses/s on the benchmark machine a checkpoint
+/// every 100 ms took 2.4 ms (p99 of requests 5.5 to 6.9 ms), one every second 18 ms (p99 10 to
+/// 16 ms), at the same throughput.
 #[derive(Clone, Copy, Debug)]
 struct Checkpoints {
     bytes: u64,
@@ -61,7 +64,7 @@ struct Checkpoints {
 
 const CHECKPOINTS: Checkpoints = Checkpoints {
     bytes: journal::PREALLOCATED / 2,
-    every: Duration::from_secs(1),
+    every: Duration::from_millis(100),
 };
 
 /// A durable record store in one redb file.
