@@ -286,8 +286,21 @@ impl<S: Store> Engine<S> {
                             Some(Taken::Same) => {
                                 *waited = true;
                                 let nap = Duration::from_millis(wait_until.saturating_sub(now));
-                                if let Ok(Some(handoff)) = tokio::time::timeout(nap, sub.notified()).await {
+                                let woke = tokio::time::timeout(nap, sub.notified()).await;
+                                if let Ok(Some(handoff)) = woke {
                                     return Ok(replay_handoff(&handoff, fingerprint, route));
+                                }
+                                // A store's own wake-up can come before the lead hands its outcome
+                                // over (the embedded store's journal thread, a networked store's
+                                // notification): while the same request still leads, wait on.
+                                if woke.is_ok()
+                                    && matches!(
+                                        self.leads.holder(key, (fingerprint, route)),
+                                        Some(Taken::Same)
+                                    )
+                                {
+                                    subscription = Some(notifier.subscribe(key));
+                                    continue;
                                 }
                                 // Woken without a hand-off (a release, a refusal, a store error,
                                 // another replica's news) or at the deadline: from here on ask the

@@ -14,11 +14,15 @@ use idemgate_core::record::{LeaseToken, Millis, Record, StoredResponse};
 use idemgate_core::rules::{Begin, BeginRequest};
 use idemgate_core::store::{Store, StoreError};
 
-/// The memory store, counting `begin` calls; `remote` makes it pose as a networked store.
+/// The memory store, counting `begin` calls; `remote` makes it pose as a networked store, and
+/// `early_wake` makes it wake the key's waiters on its own when an outcome is recorded and let
+/// them run before the owner hands the outcome over (as the embedded store's journal thread and
+/// a networked store's notifications can).
 struct Counting {
     inner: MemoryStore,
     begins: AtomicUsize,
     remote: bool,
+    early_wake: bool,
 }
 
 impl Store for Counting {
@@ -34,7 +38,14 @@ impl Store for Counting {
         retention_ms: u64,
         now: Millis,
     ) -> Result<(), StoreError> {
-        self.inner.complete(key, token, response, retention_ms, now).await
+        let done = self.inner.complete(key, token, response, retention_ms, now).await;
+        if self.early_wake {
+            self.inner.notifier().notify(key);
+            for _ in 0..100 {
+                tokio::task::yield_now().await;
+            }
+        }
+        done
     }
     async fn release(&self, key: &str, token: LeaseToken) -> Result<(), StoreError> {
         self.inner.release(key, token).await
@@ -69,21 +80,30 @@ fn response(body: &'static str) -> StoredResponse {
 
 #[tokio::test]
 async fn local_waiters_take_the_outcome_without_reading_the_store() {
-    storm(false).await;
+    storm(false, false).await;
 }
 
 /// On a networked store as on a local one: the same request waits for this process's lead.
 #[tokio::test]
 async fn waiters_on_a_remote_store_ask_once() {
-    storm(true).await;
+    storm(true, false).await;
 }
 
-async fn storm(remote: bool) {
+/// A store's own wake-up that comes before the hand-off does not send the waiters to the store:
+/// while the same request still leads the key, they wait on.
+#[tokio::test]
+async fn a_store_wake_up_before_the_hand_off_does_not_send_waiters_to_the_store() {
+    storm(false, true).await;
+    storm(true, true).await;
+}
+
+async fn storm(remote: bool, early_wake: bool) {
     const WAITERS: usize = 50;
     let store = Arc::new(Counting {
         inner: MemoryStore::new(1 << 20),
         begins: AtomicUsize::new(0),
         remote,
+        early_wake,
     });
     let engine = Engine::new(store.clone());
     let (same, other) = (Fingerprint([1; 32]), Fingerprint([2; 32]));
@@ -167,6 +187,7 @@ fn counting() -> Arc<Counting> {
         inner: MemoryStore::new(1 << 20),
         begins: AtomicUsize::new(0),
         remote: false,
+        early_wake: false,
     })
 }
 

@@ -427,15 +427,18 @@ impl Reply {
     fn send(self, notifier: &Notifier) {
         match self {
             Self::Begin(tx, r) => drop(tx.send(r)),
+            // The caller first: woken before the key's waiters, an owner hands its outcome over
+            // before they look for it (`lead.rs`).
             Self::Unit(tx, r, key) => {
-                if let (Ok(()), Some(key)) = (&r, key) {
+                let wake = r.is_ok().then_some(key).flatten();
+                drop(tx.send(r));
+                if let Some(key) = wake {
                     notifier.notify(&key);
                 }
-                drop(tx.send(r));
             }
             Self::Bool(tx, r, key) => {
-                notifier.notify(&key);
                 drop(tx.send(r));
+                notifier.notify(&key);
             }
             Self::Count(tx, r) => drop(tx.send(r)),
         }
