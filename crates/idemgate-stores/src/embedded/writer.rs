@@ -1,0 +1,407 @@
+//! The writer thread: applies batches in redb write transactions, journals what must survive a
+//! crash, checkpoints, and replays the journal at open.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use idemgate_core::notify::Notifier;
+use idemgate_core::record::{LeaseToken, Millis, Record};
+use idemgate_core::rules::{self, Write};
+use idemgate_core::store::StoreError;
+use redb::{Database, ReadableTable};
+use tokio::sync::mpsc;
+
+use super::{
+    Checkpoints, EXPIRY, JOURNAL_SEQ, MAX_BATCH, META, Op, RECORDS, Reply, SWEEP_BATCH, decode, encode,
+    journal,
+};
+
+/// The journal frames of the batch being applied, and the numbering they continue.
+struct Frames {
+    buf: Vec<u8>,
+    generation: u64,
+    /// The last sequence number handed out.
+    seq: u64,
+}
+
+impl Frames {
+    fn push(&mut self, key: &str, value: Option<&[u8]>) {
+        self.seq += 1;
+        journal::encode(&mut self.buf, self.generation, self.seq, key, value);
+    }
+}
+
+fn new_generation() -> u64 {
+    // 64 random bits: a later generation is never mistaken for an earlier one at recovery.
+    u64::try_from(LeaseToken::random().0 & u128::from(u64::MAX)).unwrap_or_default()
+}
+
+/// The writer thread (see the module doc).
+pub(super) struct Writer {
+    db: Arc<Database>,
+    notifier: Arc<Notifier>,
+    commits: Arc<AtomicU64>,
+    shared: Arc<journal::Shared>,
+    journal: std::sync::mpsc::Sender<journal::Msg>,
+    frames: Frames,
+    checkpoints: Checkpoints,
+}
+
+impl Writer {
+    pub(super) fn new(
+        db: Arc<Database>,
+        notifier: Arc<Notifier>,
+        commits: Arc<AtomicU64>,
+        (shared, journal): (Arc<journal::Shared>, std::sync::mpsc::Sender<journal::Msg>),
+        seq: u64,
+        checkpoints: Checkpoints,
+    ) -> Self {
+        Self {
+            db,
+            notifier,
+            commits,
+            shared,
+            journal,
+            frames: Frames {
+                buf: Vec::new(),
+                generation: new_generation(),
+                seq,
+            },
+            checkpoints,
+        }
+    }
+
+    /// Drains the queue into batches until every sender is gone, then makes a last checkpoint.
+    pub(super) fn run(mut self, mut rx: mpsc::UnboundedReceiver<Op>) {
+        let mut batch = Vec::with_capacity(MAX_BATCH);
+        let mut since_checkpoint = (0u64, Instant::now());
+        while let Some(first) = rx.blocking_recv() {
+            batch.push(first);
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(op) => batch.push(op),
+                    Err(_) => break,
+                }
+            }
+            let journaled = self.frames.seq;
+            self.batch(&mut batch);
+            since_checkpoint.0 += self.frames.seq - journaled;
+            let (bytes, at) = since_checkpoint;
+            let due =
+                bytes >= self.checkpoints.bytes || (bytes > 0 && at.elapsed() >= self.checkpoints.every);
+            if due && self.checkpoint() {
+                since_checkpoint = (0, Instant::now());
+            }
+        }
+        self.checkpoint();
+    }
+
+    /// Applies one batch and answers it: at once, or after its frames are on disk.
+    fn batch(&mut self, batch: &mut Vec<Op>) {
+        if self.shared.is_broken() {
+            batch
+                .drain(..)
+                .for_each(|op| op.fail("embedded store journal failed; restart to recover"));
+            return;
+        }
+        // An operation waits for the disk if it needs it, or if it read a key that an operation
+        // needing the disk wrote earlier in this batch.
+        let mut durable_keys = std::collections::HashSet::new();
+        let mut held: Vec<bool> = batch
+            .iter()
+            .map(|op| {
+                if op.needs_durability() {
+                    if let Some(key) = op.key() {
+                        durable_keys.insert(key.to_owned());
+                    }
+                    true
+                } else {
+                    op.key().is_some_and(|k| durable_keys.contains(k))
+                }
+            })
+            .collect();
+        let mut replies = Vec::with_capacity(batch.len());
+        let applied = apply_batch(
+            &self.db,
+            batch.drain(..),
+            &mut replies,
+            &mut self.frames,
+            &self.shared,
+        );
+        self.commits
+            .fetch_add(u64::from(applied.is_ok()), Ordering::Relaxed);
+        let frames = std::mem::take(&mut self.frames.buf);
+        if let Err(e) = applied {
+            tracing::error!(error = %e, "embedded store commit failed");
+            let msg = format!("commit failed: {e}");
+            replies.into_iter().for_each(|r| r.fail(&msg));
+            // Its sequence numbers may already be visible as written: let them count as done
+            // (their frames are dropped), in order, so readers waiting on them go on.
+            self.append(Vec::new(), Vec::new());
+            return;
+        }
+        // A replay must not go out while the outcome it hands over could still be lost.
+        let settled = frames.is_empty() && self.shared.is_settled();
+        for (reply, held) in replies.iter().zip(held.iter_mut()) {
+            *held |= !settled && reply.is_replay();
+        }
+        let mut later = Vec::new();
+        for (reply, held) in replies.into_iter().zip(held) {
+            if held {
+                later.push(reply);
+            } else {
+                reply.send(&self.notifier);
+            }
+        }
+        if !frames.is_empty() || !later.is_empty() {
+            self.append(frames, later);
+        }
+    }
+
+    fn append(&self, frames: Vec<u8>, replies: Vec<Reply>) {
+        let msg = journal::Msg::Append {
+            frames,
+            last_seq: self.frames.seq,
+            replies,
+        };
+        if let Err(std::sync::mpsc::SendError(journal::Msg::Append { replies, .. })) = self.journal.send(msg)
+        {
+            replies
+                .into_iter()
+                .for_each(|r| r.fail("embedded store journal stopped"));
+        }
+    }
+
+    /// A durable redb commit that records the last journaled sequence number, after which the
+    /// journal starts over at offset 0 in a new generation. Returns whether it succeeded.
+    fn checkpoint(&mut self) -> bool {
+        let (seq, started) = (self.frames.seq, Instant::now());
+        if let Err(e) = write_checkpoint(&self.db, seq) {
+            tracing::error!(error = %e, "embedded store checkpoint failed");
+            return false;
+        }
+        tracing::debug!(seq, took = ?started.elapsed(), "embedded store checkpoint");
+        self.frames.generation = new_generation();
+        let _ = self.journal.send(journal::Msg::Wrap);
+        true
+    }
+}
+
+fn write_checkpoint(db: &Database, seq: u64) -> Result<(), redb::Error> {
+    let txn = db.begin_write()?;
+    txn.open_table(META)?.insert(JOURNAL_SEQ, seq)?;
+    txn.commit()?;
+    Ok(())
+}
+
+/// Applies a batch in one write transaction, committed without an fsync; its journaled writes
+/// are announced as written before the commit makes them visible.
+fn apply_batch(
+    db: &Database,
+    ops: impl Iterator<Item = Op>,
+    replies: &mut Vec<Reply>,
+    frames: &mut Frames,
+    shared: &journal::Shared,
+) -> Result<(), redb::Error> {
+    let mut txn = db.begin_write()?;
+    // Durable through the journal, then the next checkpoint; see `Op::needs_durability`.
+    txn.set_durability(redb::Durability::None)
+        .map_err(|e| redb::Error::Io(std::io::Error::other(e.to_string())))?;
+    let first = frames.seq;
+    {
+        let mut records = txn.open_table(RECORDS)?;
+        let mut expiry = txn.open_table(EXPIRY)?;
+        let mut tables = Tables {
+            records: &mut records,
+            expiry: &mut expiry,
+            frames,
+            journaling: false,
+        };
+        for op in ops {
+            tables.journaling = op.needs_durability();
+            replies.push(tables.apply(op)?);
+        }
+    }
+    if frames.seq > first {
+        shared.wrote(frames.seq);
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+/// Replays the journal's frames past the last checkpoint into redb and makes that durable;
+/// returns the sequence number to continue from and how many frames were replayed.
+pub(super) fn recover(db: &Database, journal: &[u8]) -> Result<(u64, usize), StoreError> {
+    let txn = db.begin_write().map_err(StoreError::backend)?;
+    let checkpoint = {
+        let meta = txn.open_table(META).map_err(StoreError::backend)?;
+        meta.get(JOURNAL_SEQ)
+            .map_err(StoreError::backend)?
+            .map_or(0, |v| v.value())
+    };
+    let (frames, seq) = journal::read(journal, checkpoint);
+    {
+        let mut records = txn.open_table(RECORDS).map_err(StoreError::backend)?;
+        let mut expiry = txn.open_table(EXPIRY).map_err(StoreError::backend)?;
+        let mut unused = Frames {
+            buf: Vec::new(),
+            generation: 0,
+            seq,
+        };
+        let mut tables = Tables {
+            records: &mut records,
+            expiry: &mut expiry,
+            frames: &mut unused,
+            journaling: false,
+        };
+        for frame in &frames {
+            let old = tables.load(&frame.key)?;
+            let write = match &frame.value {
+                Some(bytes) => Write::Put(decode(bytes)?),
+                None => Write::Delete,
+            };
+            tables
+                .write(&frame.key, old.as_ref(), write)
+                .map_err(StoreError::backend)?;
+        }
+        if seq > checkpoint {
+            txn.open_table(META)
+                .map_err(StoreError::backend)?
+                .insert(JOURNAL_SEQ, seq)
+                .map_err(StoreError::backend)?;
+        }
+    }
+    txn.commit().map_err(StoreError::backend)?;
+    if !frames.is_empty() {
+        tracing::info!(frames = frames.len(), "embedded store replayed its journal");
+    }
+    Ok((seq, frames.len()))
+}
+
+struct Tables<'a, 't> {
+    records: &'a mut redb::Table<'t, &'static str, &'static [u8]>,
+    expiry: &'a mut redb::Table<'t, (u64, &'static str), ()>,
+    frames: &'a mut Frames,
+    /// Whether the operation being applied must survive a crash, so its writes are journaled.
+    journaling: bool,
+}
+
+impl Tables<'_, '_> {
+    fn load(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        let value = self.records.get(key).map_err(StoreError::backend)?;
+        value.map(|v| decode(v.value())).transpose()
+    }
+
+    fn write(&mut self, key: &str, old: Option<&Record>, write: Write) -> Result<(), redb::Error> {
+        match write {
+            Write::Keep => return Ok(()),
+            Write::Put(rec) => {
+                if let Some(old) = old.filter(|o| o.expires_at != rec.expires_at) {
+                    self.expiry.remove((old.expires_at, key))?;
+                }
+                let bytes = encode(&rec);
+                self.records.insert(key, bytes.as_slice())?;
+                self.expiry.insert((rec.expires_at, key), ())?;
+                if self.journaling {
+                    self.frames.push(key, Some(&bytes));
+                }
+            }
+            Write::Delete => {
+                if let Some(old) = old {
+                    self.expiry.remove((old.expires_at, key))?;
+                }
+                self.records.remove(key)?;
+                if self.journaling {
+                    self.frames.push(key, None);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies one operation; errors that only concern this caller go into its reply, errors of
+    /// the transaction itself abort the batch.
+    fn apply(&mut self, op: Op) -> Result<Reply, redb::Error> {
+        Ok(match op {
+            Op::Begin(key, owned, reply) => {
+                let req = owned.as_req();
+                match self.load(&key) {
+                    Ok(old) => {
+                        let (answer, write) = rules::begin(old.as_ref(), &req);
+                        self.write(&key, old.as_ref(), write)?;
+                        Reply::Begin(reply, Ok(answer))
+                    }
+                    Err(e) => Reply::Begin(reply, Err(e)),
+                }
+            }
+            Op::Complete {
+                key,
+                token,
+                response,
+                retention_ms,
+                now,
+                reply,
+            } => {
+                let result = self.mutate(&key, |old| {
+                    rules::complete(old, token, response, retention_ms, now)
+                })?;
+                Reply::Unit(reply, result, Some(key))
+            }
+            Op::Release(key, token, reply) => {
+                let result = self.mutate(&key, |old| rules::release(old, token))?;
+                Reply::Unit(reply, result, Some(key))
+            }
+            Op::Renew(key, token, until, reply) => {
+                let result = self.mutate(&key, |old| rules::renew(old, token, until))?;
+                Reply::Unit(reply, result, None)
+            }
+            Op::Purge(key, reply) => match self.load(&key) {
+                Ok(old) => {
+                    let existed = old.is_some();
+                    self.write(&key, old.as_ref(), Write::Delete)?;
+                    Reply::Bool(reply, Ok(existed), key)
+                }
+                Err(e) => Reply::Bool(reply, Err(e), key),
+            },
+            Op::Sweep(now, reply) => Reply::Count(reply, Ok(self.sweep(now)?)),
+        })
+    }
+
+    fn mutate(
+        &mut self,
+        key: &str,
+        rule: impl FnOnce(Option<&Record>) -> Result<Write, rules::Fenced>,
+    ) -> Result<Result<(), StoreError>, redb::Error> {
+        let old = match self.load(key) {
+            Ok(old) => old,
+            Err(e) => return Ok(Err(e)),
+        };
+        match rule(old.as_ref()) {
+            Ok(write) => {
+                self.write(key, old.as_ref(), write)?;
+                Ok(Ok(()))
+            }
+            Err(fenced) => Ok(Err(fenced.into())),
+        }
+    }
+
+    fn sweep(&mut self, now: Millis) -> Result<usize, redb::Error> {
+        let due: Vec<(u64, String)> = self
+            .expiry
+            // Due means `expires_at <= now` (a record is gone at its expiry instant).
+            .range(..(now.saturating_add(1), ""))?
+            .take(SWEEP_BATCH)
+            .map(|e| e.map(|(k, _)| (k.value().0, k.value().1.to_owned())))
+            .collect::<Result<_, _>>()?;
+        for (at, key) in &due {
+            self.expiry.remove((*at, key.as_str()))?;
+            // The index may lag a record whose expiry moved; delete only what is really due.
+            let live = matches!(self.load(key), Ok(Some(rec)) if rec.is_live(now));
+            if !live {
+                self.records.remove(key.as_str())?;
+            }
+        }
+        Ok(due.len())
+    }
+}
