@@ -385,7 +385,7 @@ impl<S: Store> Engine<S> {
             };
             // Wake at a notification, at the deadline, or when the lease ends (the owner may
             // have died; the next begin then takes over or reports the outcome unknown).
-            let wake_at = wait_until.min(lease_until + 1);
+            let wake_at = wait_until.min(lease_until.saturating_add(1));
             let nap = Duration::from_millis(wake_at.saturating_sub(now_millis()));
             *waited = true;
             if let Ok(Some(handoff)) = tokio::time::timeout(nap, sub.notified()).await {

@@ -22,6 +22,7 @@
 //! every journaled write it could have seen is on disk.
 
 mod journal;
+mod reserved;
 #[cfg(test)]
 mod tests;
 mod writer;
@@ -32,11 +33,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use idemgate_core::notify::Notifier;
-use idemgate_core::record::{LeaseToken, Millis, Record, StoredResponse, now_millis};
+use idemgate_core::record::{LeaseToken, Millis, Record, RecordState, StoredResponse, now_millis};
 use idemgate_core::rules::{self, Begin, BeginRequest, Write};
 use idemgate_core::store::{Store, StoreError};
 use redb::{Database, ReadableDatabase, TableDefinition};
 use tokio::sync::{mpsc, oneshot};
+
+use reserved::{Entry, State};
 
 const RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("records");
 /// (expires_at, key) for every record, so a sweep reads only what is due.
@@ -73,6 +76,7 @@ const CHECKPOINTS: Checkpoints = Checkpoints {
 /// A durable record store in one redb file.
 pub struct EmbeddedStore {
     db: Arc<Database>,
+    reserved: Arc<reserved::Reserved>,
     commits: Arc<AtomicU64>,
     journal: Arc<journal::Shared>,
     replayed: usize,
@@ -94,7 +98,8 @@ impl Op {
     fn key(&self) -> Option<&str> {
         match self {
             Op::Begin(key, ..) | Op::Release(key, ..) | Op::Renew(key, ..) | Op::Purge(key, ..) => Some(key),
-            Op::Complete { key, .. } => Some(key),
+            Op::Forget(key, ..) => Some(key),
+            Op::Complete { key, .. } | Op::Record { key, .. } => Some(key),
             Op::Sweep(..) => None,
         }
     }
@@ -104,10 +109,11 @@ impl Op {
         let err = || StoreError::Backend(msg.to_owned().into());
         match self {
             Op::Begin(_, _, tx) => drop(tx.send(Err(err()))),
-            Op::Complete { reply, .. } => drop(reply.send(Err(err()))),
+            Op::Complete { reply, .. } | Op::Record { reply, .. } => drop(reply.send(Err(err()))),
             Op::Release(_, _, tx) | Op::Renew(_, _, _, tx) => drop(tx.send(Err(err()))),
             Op::Purge(_, tx) => drop(tx.send(Err(err()))),
             Op::Sweep(_, tx) => drop(tx.send(Err(err()))),
+            Op::Forget(_, _, tx) => drop(tx.send(Err(err()))),
         }
     }
 
@@ -121,8 +127,8 @@ impl Op {
     fn needs_durability(&self) -> bool {
         match self {
             Op::Begin(_, owned, _) => !owned.takeover,
-            Op::Complete { .. } | Op::Release(..) | Op::Purge(..) => true,
-            Op::Renew(..) | Op::Sweep(..) => false,
+            Op::Complete { .. } | Op::Record { .. } | Op::Release(..) | Op::Purge(..) => true,
+            Op::Renew(..) | Op::Sweep(..) | Op::Forget(..) => false,
         }
     }
 }
@@ -137,6 +143,14 @@ enum Op {
         now: Millis,
         reply: oneshot::Sender<Result<(), StoreError>>,
     },
+    /// An outcome decided on the caller's task for a reservation held in memory ([`reserved`]),
+    /// written if that reservation is still there and completing.
+    Record {
+        key: String,
+        token: LeaseToken,
+        record: Record,
+        reply: oneshot::Sender<Result<(), StoreError>>,
+    },
     Release(String, LeaseToken, oneshot::Sender<Result<(), StoreError>>),
     Renew(
         String,
@@ -145,6 +159,10 @@ enum Op {
         oneshot::Sender<Result<(), StoreError>>,
     ),
     Purge(String, oneshot::Sender<Result<bool, StoreError>>),
+    /// Deletes the dead record (expired, or an owner's whose lease ran out) that a reservation
+    /// in memory replaced, so it cannot show again once that reservation is gone; only if it is
+    /// still that record (its operation id).
+    Forget(String, String, oneshot::Sender<Result<(), StoreError>>),
     Sweep(Millis, oneshot::Sender<Result<usize, StoreError>>),
 }
 
@@ -213,8 +231,10 @@ impl EmbeddedStore {
             .map_err(StoreError::backend)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let commits = Arc::new(AtomicU64::new(0));
+        let reserved = Arc::new(reserved::Reserved::default());
         let writer = writer::Writer::new(
             db.clone(),
+            reserved.clone(),
             notifier.clone(),
             commits.clone(),
             (shared.clone(), journal_tx),
@@ -227,6 +247,7 @@ impl EmbeddedStore {
             .map_err(StoreError::backend)?;
         Ok(Self {
             db,
+            reserved,
             commits,
             journal: shared,
             replayed,
@@ -260,7 +281,8 @@ impl EmbeddedStore {
     /// # Errors
     /// The write transaction failed.
     pub async fn sweep(&self, now: Millis) -> Result<usize, StoreError> {
-        self.call(|tx| Op::Sweep(now, tx)).await
+        let held = self.reserved.sweep(now);
+        Ok(held + self.call(|tx| Op::Sweep(now, tx)).await?)
     }
 
     /// Sweeps in the background every `every` (and straight again while batches come back full)
@@ -273,7 +295,7 @@ impl EmbeddedStore {
                 loop {
                     let Some(store) = weak.upgrade() else { return };
                     match store.sweep(now_millis()).await {
-                        Ok(n) if n == SWEEP_BATCH => tokio::task::yield_now().await,
+                        Ok(n) if n >= SWEEP_BATCH => tokio::task::yield_now().await,
                         Ok(_) => break,
                         Err(e) => {
                             tracing::warn!(error = %e, "embedded store sweep failed");
@@ -292,6 +314,52 @@ impl EmbeddedStore {
         let (tx, rx) = oneshot::channel();
         self.ops.send(op(tx)).map_err(|_| writer_gone())?;
         rx.await.map_err(|_| writer_gone())?
+    }
+
+    /// Decides `begin` on the caller's task, under the key's shard lock: from the key's entry in
+    /// memory if it has one, else from a redb snapshot. A reservation that may be taken over is
+    /// kept in memory only.
+    fn decide_begin(&self, key: &str, req: &BeginRequest<'_>) -> Result<Decided, StoreError> {
+        let mut shard = self.reserved.lock(key);
+        if let Some(entry) = shard.get_mut(key) {
+            let (answer, write) = entry.begin(req);
+            return Ok(match write {
+                Write::Keep => Decided::Now(answer),
+                // A takeover of a reservation whose owner's lease ran out.
+                Write::Put(record) if req.takeover && entry.state == State::Memory => {
+                    entry.record = record;
+                    Decided::Now(answer)
+                }
+                _ => Decided::Writer,
+            });
+        }
+        let current = self.read(key)?;
+        let (answer, write) = rules::begin(current.as_ref(), req);
+        Ok(match write {
+            Write::Keep => Decided::Now(answer),
+            Write::Put(record) if req.takeover => {
+                shard.insert(
+                    key.into(),
+                    Entry {
+                        record,
+                        state: State::Memory,
+                    },
+                );
+                match current {
+                    None => Decided::Now(answer),
+                    Some(dead) => {
+                        // Sent under the shard lock: it reaches the writer before any later
+                        // write of this key.
+                        let (tx, rx) = oneshot::channel();
+                        self.ops
+                            .send(Op::Forget(key.to_owned(), dead.operation_id, tx))
+                            .map_err(|_| writer_gone())?;
+                        Decided::Replacing(answer, rx)
+                    }
+                }
+            }
+            _ => Decided::Writer,
+        })
     }
 
     fn read(&self, key: &str) -> Result<Option<Record>, StoreError> {
@@ -320,20 +388,40 @@ fn encode(rec: &Record) -> Vec<u8> {
     out
 }
 
+/// How `begin` was decided on the caller's task.
+enum Decided {
+    Now(Begin),
+    /// A reservation in memory replaced a dead record in redb: answer once the writer deleted it,
+    /// so it cannot show again when the reservation is gone.
+    Replacing(Begin, oneshot::Receiver<Result<(), StoreError>>),
+    /// Only the writer can decide (a durable write).
+    Writer,
+}
+
 impl Store for EmbeddedStore {
     async fn begin(&self, key: &str, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
-        // Fast path: if the rules need no write on the current snapshot (replay, mismatch, in
-        // flight), answer from it without waiting for the writer.
-        let current = self.read(key)?;
-        let (answer, write) = rules::begin(current.as_ref(), req);
-        if write == Write::Keep {
-            if matches!(answer, Begin::Replay(_)) {
-                self.journal.settle().await.map_err(StoreError::backend)?;
+        match self.decide_begin(key, req)? {
+            Decided::Now(answer) => {
+                if matches!(answer, Begin::Replay(_)) {
+                    // The outcome it hands over may still be on its way to the disk.
+                    self.journal.settle().await.map_err(StoreError::backend)?;
+                }
+                Ok(answer)
             }
-            return Ok(answer);
+            Decided::Replacing(answer, forgotten) => match forgotten.await {
+                Ok(Ok(())) => Ok(answer),
+                failed => {
+                    self.reserved.settle(key, req.token, State::Memory);
+                    Err(failed.map_or_else(|_| writer_gone(), |r| r.err().unwrap_or_else(writer_gone)))
+                }
+            },
+            Decided::Writer => {
+                // A reservation that may not be taken over must reach the disk: the writer
+                // decides.
+                let owned = OwnedBegin::new(req);
+                self.call(|tx| Op::Begin(key.to_owned(), owned, tx)).await
+            }
         }
-        let owned = OwnedBegin::new(req);
-        self.call(|tx| Op::Begin(key.to_owned(), owned, tx)).await
     }
 
     async fn complete(
@@ -344,36 +432,126 @@ impl Store for EmbeddedStore {
         retention_ms: u64,
         now: Millis,
     ) -> Result<(), StoreError> {
-        self.call(|reply| Op::Complete {
-            key: key.to_owned(),
-            token,
-            response,
-            retention_ms,
-            now,
-            reply,
-        })
-        .await
+        let decided = {
+            let mut shard = self.reserved.lock(key);
+            match shard.get_mut(key) {
+                Some(entry) if entry.state != State::Durable && entry.token() == Some(token) => {
+                    match rules::complete(Some(&entry.record), token, response, retention_ms, now) {
+                        Ok(Write::Put(record)) => {
+                            // In flight to everyone until the writer's commit shows the outcome.
+                            entry.state = State::Completing;
+                            Ok(record)
+                        }
+                        Ok(_) => return Ok(()),
+                        Err(fenced) => return Err(fenced.into()),
+                    }
+                }
+                // Another owner's reservation shadows whatever redb holds.
+                Some(_) => return Err(rules::Fenced.into()),
+                None => Err(response),
+            }
+        };
+        match decided {
+            Ok(record) => {
+                self.call(|reply| Op::Record {
+                    key: key.to_owned(),
+                    token,
+                    record,
+                    reply,
+                })
+                .await
+            }
+            Err(response) => {
+                self.call(|reply| Op::Complete {
+                    key: key.to_owned(),
+                    token,
+                    response,
+                    retention_ms,
+                    now,
+                    reply,
+                })
+                .await
+            }
+        }
     }
 
     async fn release(&self, key: &str, token: LeaseToken) -> Result<(), StoreError> {
-        self.call(|tx| Op::Release(key.to_owned(), token, tx)).await
+        let released = {
+            let mut shard = self.reserved.lock(key);
+            match shard.get(key) {
+                Some(entry) if entry.state == State::Memory => {
+                    match rules::release(Some(&entry.record), token) {
+                        Ok(Write::Delete) => {
+                            shard.remove(key);
+                            Some(Ok(true))
+                        }
+                        Ok(_) => Some(Ok(false)),
+                        Err(fenced) => Some(Err(fenced)),
+                    }
+                }
+                Some(_) => Some(Err(rules::Fenced)),
+                None => None,
+            }
+        };
+        match released {
+            Some(Ok(woke)) => {
+                if woke {
+                    self.notifier.notify(key);
+                }
+                Ok(())
+            }
+            Some(Err(fenced)) => Err(fenced.into()),
+            None => self.call(|tx| Op::Release(key.to_owned(), token, tx)).await,
+        }
     }
 
     async fn renew(&self, key: &str, token: LeaseToken, lease_until: Millis) -> Result<(), StoreError> {
-        self.call(|tx| Op::Renew(key.to_owned(), token, lease_until, tx))
-            .await
+        let renewed = {
+            let mut shard = self.reserved.lock(key);
+            match shard.get_mut(key) {
+                Some(entry) if entry.state != State::Durable => {
+                    Some(match rules::renew(Some(&entry.record), token, lease_until) {
+                        Ok(Write::Put(record)) => {
+                            entry.record = record;
+                            Ok(())
+                        }
+                        Ok(_) => Ok(()),
+                        Err(fenced) => Err(fenced.into()),
+                    })
+                }
+                Some(_) => Some(Err(rules::Fenced.into())),
+                None => None,
+            }
+        };
+        match renewed {
+            Some(result) => result,
+            None => {
+                self.call(|tx| Op::Renew(key.to_owned(), token, lease_until, tx))
+                    .await
+            }
+        }
     }
 
     async fn get(&self, key: &str, now: Millis) -> Result<Option<Record>, StoreError> {
-        let record = self.read(key)?.filter(|r| r.is_live(now));
-        if record.is_some() {
+        let held = self.reserved.lock(key).get(key).map(|e| e.record.clone());
+        let record = match held {
+            Some(record) => Some(record),
+            None => self.read(key)?,
+        };
+        let record = record.filter(|r| r.is_live(now));
+        if record
+            .as_ref()
+            .is_some_and(|r| matches!(r.state, RecordState::Completed { .. }))
+        {
             self.journal.settle().await.map_err(StoreError::backend)?;
         }
         Ok(record)
     }
 
     async fn purge(&self, key: &str) -> Result<bool, StoreError> {
-        self.call(|tx| Op::Purge(key.to_owned(), tx)).await
+        let held = self.reserved.lock(key).remove(key).is_some();
+        let stored = self.call(|tx| Op::Purge(key.to_owned(), tx)).await?;
+        Ok(held || stored)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -163,17 +163,112 @@ async fn concurrent_writes_share_commits() {
     let tasks: Vec<_> = (0..200)
         .map(|i| {
             let store = store.clone();
-            tokio::spawn(async move { store.begin(&format!("k{i}"), &req(LeaseToken::random(), 0)).await })
+            let mut durable = req(LeaseToken::random(), 0);
+            durable.takeover = false;
+            tokio::spawn(async move { store.begin(&format!("k{i}"), &durable).await })
         })
         .collect();
     for t in tasks {
         assert!(matches!(t.await.unwrap(), Ok(Begin::Acquired { .. })));
     }
-    let commits = store.commits() - before;
+    let (commits, syncs) = (store.commits() - before, store.durable_commits());
     assert!(
-        commits < 200,
-        "200 durable begins took {commits} commits: no group commit"
+        commits < 200 && syncs < 200,
+        "200 durable begins took {commits} commits and {syncs} fsyncs: no group commit"
     );
+}
+
+/// A reservation that may be taken over lives in memory only: its begin, renew and release never
+/// reach redb, its outcome is one redb write, and a takeover and fencing work as in the rules.
+#[tokio::test]
+async fn takeable_reservations_stay_in_memory() {
+    let (_dir, store) = open();
+    let before = store.commits();
+    let (first, second) = (LeaseToken::random(), LeaseToken::random());
+    assert!(matches!(
+        store.begin("a", &req(first, 0)).await,
+        Ok(Begin::Acquired { .. })
+    ));
+    assert!(matches!(
+        store.begin("a", &req(second, 10)).await,
+        Ok(Begin::InFlight { .. })
+    ));
+    store.renew("a", first, 1_500).await.unwrap();
+    assert!(
+        matches!(
+            store.begin("a", &req(second, 1_200)).await,
+            Ok(Begin::InFlight { .. })
+        ),
+        "renewed in memory"
+    );
+    // Past the lease, the second attempt takes over; the first is fenced from then on.
+    assert!(matches!(
+        store.begin("a", &req(second, 1_600)).await,
+        Ok(Begin::Acquired {
+            took_over: true,
+            generation: 2,
+            ..
+        })
+    ));
+    let ok = StoredResponse {
+        status: 200,
+        headers: vec![],
+        body: None,
+    };
+    assert!(
+        store
+            .complete("a", first, ok.clone(), 5_000, 1_700)
+            .await
+            .is_err()
+    );
+    assert!(store.release("a", first).await.is_err());
+    assert_eq!(store.commits(), before, "nothing reached redb yet");
+    assert!(store.read("a").unwrap().is_none());
+    store
+        .complete("a", second, ok.clone(), 5_000, 1_700)
+        .await
+        .unwrap();
+    assert_eq!(store.reserved.len(), 0, "the outcome replaced the reservation");
+    assert!(matches!(
+        store.read("a").unwrap().map(|r| r.state),
+        Some(RecordState::Completed { .. })
+    ));
+    assert!(matches!(
+        store.begin("a", &req(first, 1_800)).await,
+        Ok(Begin::Replay(_))
+    ));
+    store
+        .complete("a", second, ok, 5_000, 1_900)
+        .await
+        .expect("a retried complete is done");
+    // Released, a key is free again without touching redb.
+    let commits = store.commits();
+    let third = LeaseToken::random();
+    store.begin("b", &req(third, 0)).await.unwrap();
+    store.release("b", third).await.unwrap();
+    assert!(matches!(
+        store.begin("b", &req(LeaseToken::random(), 1)).await,
+        Ok(Begin::Acquired { .. })
+    ));
+    assert_eq!(store.commits(), commits);
+}
+
+/// A purge takes a reservation held in memory too, and an outcome for it is fenced.
+#[tokio::test]
+async fn purge_takes_a_reservation_in_memory() {
+    let (_dir, store) = open();
+    let token = LeaseToken::random();
+    store.begin("a", &req(token, 0)).await.unwrap();
+    assert!(store.get("a", 1).await.unwrap().is_some());
+    assert!(store.purge("a").await.unwrap());
+    assert!(store.get("a", 1).await.unwrap().is_none());
+    let ok = StoredResponse {
+        status: 200,
+        headers: vec![],
+        body: None,
+    };
+    assert!(store.complete("a", token, ok, 5_000, 2).await.is_err());
+    assert!(store.read("a").unwrap().is_none());
 }
 
 #[tokio::test]

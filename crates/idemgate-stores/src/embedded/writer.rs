@@ -12,10 +12,15 @@ use idemgate_core::store::StoreError;
 use redb::{Database, ReadableTable};
 use tokio::sync::mpsc;
 
+use super::reserved::{Entry, Reserved, State};
 use super::{
     Checkpoints, EXPIRY, JOURNAL_SEQ, MAX_BATCH, META, Op, RECORDS, Reply, SWEEP_BATCH, decode, encode,
     journal,
 };
+
+/// An entry in memory that stands in for a write of the batch, to drop once the batch is
+/// committed (see [`Reserved`]).
+type StandIn = (String, LeaseToken, State);
 
 /// The journal frames of the batch being applied, and the numbering they continue.
 struct Frames {
@@ -40,6 +45,7 @@ fn new_generation() -> u64 {
 /// The writer thread (see the module doc).
 pub(super) struct Writer {
     db: Arc<Database>,
+    reserved: Arc<Reserved>,
     notifier: Arc<Notifier>,
     commits: Arc<AtomicU64>,
     shared: Arc<journal::Shared>,
@@ -51,6 +57,7 @@ pub(super) struct Writer {
 impl Writer {
     pub(super) fn new(
         db: Arc<Database>,
+        reserved: Arc<Reserved>,
         notifier: Arc<Notifier>,
         commits: Arc<AtomicU64>,
         (shared, journal): (Arc<journal::Shared>, std::sync::mpsc::Sender<journal::Msg>),
@@ -59,6 +66,7 @@ impl Writer {
     ) -> Self {
         Self {
             db,
+            reserved,
             notifier,
             commits,
             shared,
@@ -122,16 +130,26 @@ impl Writer {
             })
             .collect();
         let mut replies = Vec::with_capacity(batch.len());
+        let mut stand_ins = Vec::new();
         let applied = apply_batch(
             &self.db,
             batch.drain(..),
-            &mut replies,
-            &mut self.frames,
+            (&mut replies, &mut stand_ins),
+            (&mut self.frames, &self.reserved),
             &self.shared,
         );
         self.commits
             .fetch_add(u64::from(applied.is_ok()), Ordering::Relaxed);
         let frames = std::mem::take(&mut self.frames.buf);
+        // Committed: redb shows these writes now, so the entries standing in for them go. Not
+        // committed: a reservation that may not be taken over was not made, and an outcome goes
+        // back to its owner's reservation, which can complete again.
+        for (key, token, state) in stand_ins {
+            match (&applied, state) {
+                (Err(_), State::Completing) => self.reserved.reopen(&key, token),
+                _ => self.reserved.settle(&key, token, state),
+            }
+        }
         if let Err(e) = applied {
             tracing::error!(error = %e, "embedded store commit failed");
             let msg = format!("commit failed: {e}");
@@ -200,8 +218,8 @@ fn write_checkpoint(db: &Database, seq: u64) -> Result<(), redb::Error> {
 fn apply_batch(
     db: &Database,
     ops: impl Iterator<Item = Op>,
-    replies: &mut Vec<Reply>,
-    frames: &mut Frames,
+    (replies, stand_ins): (&mut Vec<Reply>, &mut Vec<StandIn>),
+    (frames, reserved): (&mut Frames, &Reserved),
     shared: &journal::Shared,
 ) -> Result<(), redb::Error> {
     let mut txn = db.begin_write()?;
@@ -217,6 +235,8 @@ fn apply_batch(
             expiry: &mut expiry,
             frames,
             journaling: false,
+            reserved,
+            stand_ins,
         };
         for op in ops {
             tables.journaling = op.needs_durability();
@@ -249,11 +269,14 @@ pub(super) fn recover(db: &Database, journal: &[u8]) -> Result<(u64, usize), Sto
             generation: 0,
             seq,
         };
+        let (reserved, mut stand_ins) = (Reserved::default(), Vec::new());
         let mut tables = Tables {
             records: &mut records,
             expiry: &mut expiry,
             frames: &mut unused,
             journaling: false,
+            reserved: &reserved,
+            stand_ins: &mut stand_ins,
         };
         for frame in &frames {
             let old = tables.load(&frame.key)?;
@@ -285,6 +308,8 @@ struct Tables<'a, 't> {
     frames: &'a mut Frames,
     /// Whether the operation being applied must survive a crash, so its writes are journaled.
     journaling: bool,
+    reserved: &'a Reserved,
+    stand_ins: &'a mut Vec<StandIn>,
 }
 
 impl Tables<'_, '_> {
@@ -325,15 +350,56 @@ impl Tables<'_, '_> {
     fn apply(&mut self, op: Op) -> Result<Reply, redb::Error> {
         Ok(match op {
             Op::Begin(key, owned, reply) => {
+                // Only a reservation that may not be taken over comes here (the rest is decided
+                // in memory, `EmbeddedStore::decide_begin`), but any request is decided right.
                 let req = owned.as_req();
-                match self.load(&key) {
-                    Ok(old) => {
-                        let (answer, write) = rules::begin(old.as_ref(), &req);
-                        self.write(&key, old.as_ref(), write)?;
-                        Reply::Begin(reply, Ok(answer))
-                    }
-                    Err(e) => Reply::Begin(reply, Err(e)),
+                let mut shard = self.reserved.lock(&key);
+                let stored = match self.load(&key) {
+                    Ok(stored) => stored,
+                    Err(e) => return Ok(Reply::Begin(reply, Err(e))),
+                };
+                let (answer, write) = match shard.get(key.as_str()) {
+                    Some(entry) => entry.begin(&req),
+                    None => rules::begin(stored.as_ref(), &req),
+                };
+                if let Write::Put(record) = &write {
+                    // Until the commit shows it in redb, the entry answers for it.
+                    let state = State::Durable;
+                    shard.insert(
+                        key.as_str().into(),
+                        Entry {
+                            record: record.clone(),
+                            state,
+                        },
+                    );
+                    self.stand_ins.push((key.clone(), req.token, state));
                 }
+                drop(shard);
+                self.write(&key, stored.as_ref(), write)?;
+                Reply::Begin(reply, Ok(answer))
+            }
+            Op::Record {
+                key,
+                token,
+                record,
+                reply,
+            } => {
+                // Still this owner's completing reservation (not purged meanwhile)?
+                let ours = self
+                    .reserved
+                    .lock(&key)
+                    .get(key.as_str())
+                    .is_some_and(|e| e.state == State::Completing && e.token() == Some(token));
+                if !ours {
+                    return Ok(Reply::Unit(reply, Err(rules::Fenced.into()), None));
+                }
+                let stored = match self.load(&key) {
+                    Ok(stored) => stored,
+                    Err(e) => return Ok(Reply::Unit(reply, Err(e), None)),
+                };
+                self.write(&key, stored.as_ref(), Write::Put(record))?;
+                self.stand_ins.push((key.clone(), token, State::Completing));
+                Reply::Unit(reply, Ok(()), Some(key))
             }
             Op::Complete {
                 key,
@@ -364,6 +430,15 @@ impl Tables<'_, '_> {
                 }
                 Err(e) => Reply::Bool(reply, Err(e), key),
             },
+            Op::Forget(key, operation_id, reply) => match self.load(&key) {
+                Ok(old) => {
+                    if let Some(old) = old.filter(|old| old.operation_id == operation_id) {
+                        self.write(&key, Some(&old), Write::Delete)?;
+                    }
+                    Reply::Unit(reply, Ok(()), None)
+                }
+                Err(e) => Reply::Unit(reply, Err(e), None),
+            },
             Op::Sweep(now, reply) => Reply::Count(reply, Ok(self.sweep(now)?)),
         })
     }
@@ -373,6 +448,10 @@ impl Tables<'_, '_> {
         key: &str,
         rule: impl FnOnce(Option<&Record>) -> Result<Write, rules::Fenced>,
     ) -> Result<Result<(), StoreError>, redb::Error> {
+        // A reservation in memory shadows whatever redb holds for the key: another owner's.
+        if self.reserved.lock(key).contains_key(key) {
+            return Ok(Err(rules::Fenced.into()));
+        }
         let old = match self.load(key) {
             Ok(old) => old,
             Err(e) => return Ok(Err(e)),
