@@ -9,11 +9,12 @@
 //! the benchmark machine, and the writer goes on with the next batch meanwhile.
 //!
 //! Every so often the writer makes a durable redb commit (a checkpoint) that records the
-//! sequence number of the last frame it covers, and the journal starts again at offset 0 with
-//! a new generation. Recovery replays, in order, the frames of the generation found at offset 0
-//! whose sequence numbers are above the checkpoint, and stops at the first frame that is torn
-//! (bad length or checksum), of another generation, or not numbered above the one before it:
-//! everything past that point was never acknowledged.
+//! sequence number of the last frame it covers and names a new random generation, and the
+//! journal starts again at offset 0 in that generation. Recovery replays, in order, the frames
+//! from offset 0 that belong to the generation the last checkpoint named and are numbered above
+//! it, and stops at the first frame that is torn (bad length or checksum), of another
+//! generation, or not numbered above the one before it: everything past that point was never
+//! acknowledged.
 //!
 //! Frame layout: `len: u32 | crc32(body): u32 | body`, where body is
 //! `generation: u64 | seq: u64 | key_len: u32 | key | value`, and an empty value is a delete
@@ -65,23 +66,22 @@ pub(super) fn encode(out: &mut Vec<u8>, generation: u64, seq: u64, key: &str, va
     out[start + 4..start + HEADER].copy_from_slice(&crc.to_le_bytes());
 }
 
-/// The frames recovery must replay: the unbroken run from offset 0 of the generation found
-/// there, keeping those numbered above `checkpoint`. Also returns the highest sequence number
-/// in that run (at least `checkpoint`), so numbering never goes back.
-pub(super) fn read(bytes: &[u8], checkpoint: u64) -> (Vec<Frame>, u64) {
+/// The frames recovery must replay: the unbroken run from offset 0 of `generation`, keeping
+/// those numbered above `checkpoint`. Also returns the highest sequence number in that run (at
+/// least `checkpoint`), so numbering never goes back.
+pub(super) fn read(bytes: &[u8], checkpoint: u64, generation: u64) -> (Vec<Frame>, u64) {
     let mut frames = Vec::new();
     let mut at = 0;
-    // (generation, sequence number) of the frame before.
-    let mut before: Option<(u64, u64)> = None;
+    let mut before = None;
     let mut highest = checkpoint;
     while let Some(raw) = parse(bytes, at) {
-        if before.is_some_and(|(generation, seq)| raw.generation != generation || raw.seq <= seq) {
+        if raw.generation != generation || before.is_some_and(|seq| raw.seq <= seq) {
             break;
         }
         let Ok(key) = std::str::from_utf8(raw.key) else {
             break;
         };
-        before = Some((raw.generation, raw.seq));
+        before = Some(raw.seq);
         highest = highest.max(raw.seq);
         at = raw.next;
         if raw.seq > checkpoint {
@@ -129,10 +129,8 @@ fn parse(bytes: &[u8], at: usize) -> Option<Raw<'_>> {
 }
 
 /// Opens (or creates) the journal file, preallocated with zeros, and returns it with what it
-/// holds. A new file's directory entry is made durable too, or a crash could lose the file with
-/// acknowledged frames in it.
+/// holds. The caller makes the directory entries durable ([`sync_dirs`]).
 pub(super) fn open(path: &Path) -> io::Result<(File, Vec<u8>)> {
-    let existed = path.exists();
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -147,12 +145,18 @@ pub(super) fn open(path: &Path) -> io::Result<(File, Vec<u8>)> {
         file.write_all_at(&zeros, len)?;
         file.sync_all()?;
     }
-    if !existed {
-        if let Some(dir) = path.parent() {
-            File::open(dir)?.sync_all()?;
-        }
-    }
     Ok((file, bytes))
+}
+
+/// Makes `dir`'s entries (the store's files) and `dir`'s own entry in its parent durable, so a
+/// power loss cannot take a file with acknowledged frames in it. Done at every open: an open
+/// cut short before it got here left them unsynced.
+pub(super) fn sync_dirs(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()?;
+    match dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(parent) => File::open(parent)?.sync_all(),
+        None => Ok(()),
+    }
 }
 
 /// What the writer thread and the readers share with the journal thread.
@@ -196,6 +200,13 @@ impl Shared {
         self.syncs.load(Ordering::Relaxed)
     }
 
+    /// Stops the store: nothing more is written or handed out as durable until a restart
+    /// replays the journal, and readers waiting in [`Shared::settle`] get an error.
+    pub(super) fn break_down(&self) {
+        self.broken.store(true, Ordering::Release);
+        self.durable.send_modify(|_| {});
+    }
+
     /// Waits until every journaled write visible now is on disk, so that what a reader is
     /// about to hand out (a replay) cannot be undone by a crash.
     pub(super) async fn settle(&self) -> io::Result<()> {
@@ -206,11 +217,26 @@ impl Shared {
             let _ = rx.wait_for(|d| *d >= target || self.is_broken()).await;
         }
         if self.is_broken() {
-            return Err(io::Error::other("embedded store journal failed an fsync"));
+            return Err(io::Error::other(
+                "embedded store stopped after a failed write; restart to recover",
+            ));
         }
         Ok(())
     }
 }
+
+/// Stops the store when the thread holding it ends, normally or by a panic, so nobody waits in
+/// [`Shared::settle`] for a write that will never be made durable.
+pub(super) struct BreakOnExit(pub Arc<Shared>);
+
+impl Drop for BreakOnExit {
+    fn drop(&mut self) {
+        self.0.break_down();
+    }
+}
+
+/// The most frame bytes one fsync covers, so a steady stream cannot put the fsync off.
+const GROUP_BYTES: usize = 4 << 20;
 
 /// From the writer thread to the journal thread, in commit order.
 pub(super) enum Msg {
@@ -233,6 +259,7 @@ pub(super) fn run(
     shared: &Arc<Shared>,
     notifier: &Notifier,
 ) {
+    let _stop = BreakOnExit(shared.clone());
     let mut offset = 0u64;
     while let Ok(first) = rx.recv() {
         let mut replies = Vec::new();
@@ -243,7 +270,9 @@ pub(super) fn run(
         } else {
             Ok(())
         };
-        for msg in std::iter::once(first).chain(rx.try_iter()) {
+        let mut grouped = 0;
+        let mut next = Some(first);
+        while let Some(msg) = next.take() {
             match msg {
                 Msg::Append {
                     frames,
@@ -253,12 +282,16 @@ pub(super) fn run(
                     if !frames.is_empty() && result.is_ok() {
                         result = file.write_all_at(&frames, offset);
                         offset += frames.len() as u64;
+                        grouped += frames.len();
                         wrote = true;
                     }
                     last = Some(last_seq);
                     replies.extend(r);
                 }
                 Msg::Wrap => offset = 0,
+            }
+            if grouped < GROUP_BYTES {
+                next = rx.try_recv().ok();
             }
         }
         if wrote && result.is_ok() {
@@ -279,10 +312,8 @@ pub(super) fn run(
                 replies.into_iter().for_each(|r| r.send(notifier));
             }
             Err(e) => {
-                tracing::error!(error = %e, "embedded store journal write failed");
-                shared.broken.store(true, Ordering::Release);
-                // Wake readers waiting in `settle` so they see the failure.
-                shared.durable.send_modify(|_| {});
+                tracing::error!(error = %e, "embedded store journal write failed; the store stops until restarted");
+                shared.break_down();
                 let msg = format!("journal write failed: {e}");
                 replies.into_iter().for_each(|r| r.fail(&msg));
             }
@@ -304,8 +335,8 @@ mod tests {
         out
     }
 
-    fn seqs(bytes: &[u8], checkpoint: u64) -> (Vec<u64>, u64) {
-        let (frames, highest) = read(bytes, checkpoint);
+    fn seqs(bytes: &[u8], checkpoint: u64, generation: u64) -> (Vec<u64>, u64) {
+        let (frames, highest) = read(bytes, checkpoint, generation);
         (frames.iter().map(|f| f.seq).collect(), highest)
     }
 
@@ -313,7 +344,7 @@ mod tests {
     fn frames_read_back_in_order_and_past_the_checkpoint_only() {
         let mut bytes = frames(7, 1..=10);
         bytes.resize(bytes.len() + 4096, 0);
-        let (frames, highest) = read(&bytes, 0);
+        let (frames, highest) = read(&bytes, 0, 7);
         assert_eq!(frames.len(), 10);
         assert_eq!(
             frames[2],
@@ -325,20 +356,25 @@ mod tests {
         );
         assert_eq!(frames[4].value, None, "an empty value is a delete");
         assert_eq!(highest, 10);
-        assert_eq!(seqs(&bytes, 6), ((7..=10).collect(), 10));
-        assert_eq!(seqs(&bytes, 12), (vec![], 12), "numbering never goes back");
+        assert_eq!(seqs(&bytes, 6, 7), ((7..=10).collect(), 10));
+        assert_eq!(seqs(&bytes, 12, 7), (vec![], 12), "numbering never goes back");
     }
 
     #[test]
     fn a_torn_or_corrupt_frame_ends_the_journal() {
         let whole = frames(7, 1..=10);
         let torn = &whole[..whole.len() - 3];
-        assert_eq!(seqs(torn, 0).0, (1..=9).collect::<Vec<_>>());
+        assert_eq!(seqs(torn, 0, 7).0, (1..=9).collect::<Vec<_>>());
         let mut flipped = whole.clone();
         let third = frames(7, 1..=2).len() + HEADER + 10;
         flipped[third] ^= 1;
-        assert_eq!(seqs(&flipped, 0).0, vec![1, 2]);
-        assert_eq!(seqs(&[0; 64], 0), (vec![], 0), "zeros hold nothing");
+        assert_eq!(seqs(&flipped, 0, 7).0, vec![1, 2]);
+        assert_eq!(seqs(&[0; 64], 0, 7), (vec![], 0), "zeros hold nothing");
+        assert_eq!(
+            seqs(&frames(5, 1..=3), 0, 7),
+            (vec![], 0),
+            "a generation the checkpoint does not name (a journal beside another database file)"
+        );
     }
 
     #[test]
@@ -347,17 +383,17 @@ mod tests {
         let mut bytes = frames(1, 1..=20);
         let newer = frames(2, 21..=23);
         bytes[..newer.len()].copy_from_slice(&newer);
-        assert_eq!(seqs(&bytes, 20), ((21..=23).collect(), 23));
+        assert_eq!(seqs(&bytes, 20, 2), ((21..=23).collect(), 23));
         // A crash before any new frame reached offset 0: only frames the checkpoint covers.
-        assert_eq!(seqs(&frames(1, 1..=20), 20), (vec![], 20));
+        assert_eq!(seqs(&frames(1, 1..=20), 20, 2), (vec![], 20));
         // A frame of the same generation numbered at or below the one before ends the run (a
         // stale frame from before a restart that reused the offset).
         let mut stale = frames(2, 21..=23);
         stale.extend(frames(2, 22..=22));
-        assert_eq!(seqs(&stale, 20).0, vec![21, 22, 23]);
+        assert_eq!(seqs(&stale, 20, 2).0, vec![21, 22, 23]);
         // A frame of another generation ends it too, whatever its number.
         let mut other = frames(2, 21..=23);
         other.extend(frames(3, 24..=24));
-        assert_eq!(seqs(&other, 20).0, vec![21, 22, 23]);
+        assert_eq!(seqs(&other, 20, 2).0, vec![21, 22, 23]);
     }
 }

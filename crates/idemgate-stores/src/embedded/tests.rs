@@ -33,8 +33,9 @@ fn body(round: usize, i: usize) -> StoredResponse {
 }
 
 /// The acknowledged writes of one round: outcomes, a purge, a release and a reservation
-/// that may not be taken over (`on_lease_expiry: fail`).
-async fn write_round(store: &EmbeddedStore, round: usize) {
+/// that may not be taken over (`on_lease_expiry: fail`). `last_writes` is called before the
+/// last two.
+async fn write_round(store: &EmbeddedStore, round: usize, last_writes: impl FnOnce()) {
     for i in 0..KEYS {
         let (key, token) = (format!("r{round}-{i}"), LeaseToken::random());
         assert!(matches!(
@@ -53,17 +54,29 @@ async fn write_round(store: &EmbeddedStore, round: usize) {
         .await
         .unwrap();
     store.release(&format!("r{round}-released"), token).await.unwrap();
+    last_writes();
+    let token = LeaseToken::random();
+    store
+        .begin(&format!("r{round}-last"), &req(token, 0))
+        .await
+        .unwrap();
+    store
+        .complete(&format!("r{round}-last"), token, body(round, KEYS), 5_000, 0)
+        .await
+        .unwrap();
     let mut fail = req(LeaseToken::random(), 0);
     fail.takeover = false;
     store.begin(&format!("r{round}-fail"), &fail).await.unwrap();
 }
 
 async fn check_round(store: &EmbeddedStore, round: usize) {
-    for i in (0..KEYS).filter(|&i| i != 5) {
-        match store
-            .begin(&format!("r{round}-{i}"), &req(LeaseToken::random(), 0))
-            .await
-        {
+    for i in (0..=KEYS).filter(|&i| i != 5) {
+        let key = if i == KEYS {
+            format!("r{round}-last")
+        } else {
+            format!("r{round}-{i}")
+        };
+        match store.begin(&key, &req(LeaseToken::random(), 0)).await {
             Ok(Begin::Replay(rec)) => {
                 let RecordState::Completed { response: stored, .. } = rec.state else {
                     panic!("not completed")
@@ -95,22 +108,32 @@ async fn check_round(store: &EmbeddedStore, round: usize) {
     );
 }
 
+fn checkpointed(store: &EmbeddedStore) -> u64 {
+    let txn = store.db.begin_read().unwrap();
+    let meta = txn.open_table(META).unwrap();
+    meta.get(JOURNAL_SEQ).unwrap().map_or(0, |v| v.value())
+}
+
 /// The child process of `acknowledged_writes_survive_an_abort`: opens the store (replaying
 /// what the rounds before it left in the journal), writes its round, and aborts, so nothing
 /// runs that a crash would skip. Checkpoints come every 2 KiB, so the journal wraps several
-/// times and the last writes exist only in the journal.
+/// times, and they stop before the round's last writes, which then exist only in the journal.
 #[tokio::test]
 #[ignore = "the child process of acknowledged_writes_survive_an_abort"]
 async fn abort_child() {
     let dir = PathBuf::from(std::env::var(CRASH_DIR).unwrap());
     let round: usize = std::env::var("ROUND").unwrap().parse().unwrap();
+    let paused = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let small = Checkpoints {
         bytes: 2048,
         every: Duration::from_secs(3600),
+        paused: Some(paused.clone()),
     };
     let store = EmbeddedStore::open_with(&dir, small).unwrap();
+    let before = checkpointed(&store);
     println!("replayed {}", store.replayed_at_open());
-    write_round(&store, round).await;
+    write_round(&store, round, || paused.store(true, Ordering::SeqCst)).await;
+    println!("checkpoints {before} {}", checkpointed(&store));
     std::process::abort();
 }
 
@@ -142,6 +165,15 @@ fn acknowledged_writes_survive_an_abort() {
                 "round {round} replayed nothing: {stdout}"
             );
         }
+        let wrapped = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("checkpoints "))
+            .and_then(|l| l.split_once(' '))
+            .is_some_and(|(before, after)| before.parse::<u64>().unwrap() < after.parse().unwrap());
+        assert!(
+            wrapped,
+            "round {round} never checkpointed (so never wrapped): {stdout}"
+        );
     }
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {

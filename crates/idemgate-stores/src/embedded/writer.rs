@@ -14,8 +14,8 @@ use tokio::sync::mpsc;
 
 use super::reserved::{Entry, Reserved, State};
 use super::{
-    Checkpoints, EXPIRY, JOURNAL_SEQ, MAX_BATCH, META, Op, RECORDS, Reply, SWEEP_BATCH, decode, encode,
-    journal,
+    Checkpoints, EXPIRY, JOURNAL_GEN, JOURNAL_SEQ, MAX_BATCH, META, Op, RECORDS, Reply, SWEEP_BATCH, decode,
+    encode, journal,
 };
 
 /// An entry in memory that stands in for a write of the batch, to drop once the batch is
@@ -50,6 +50,9 @@ pub(super) struct Writer {
     commits: Arc<AtomicU64>,
     shared: Arc<journal::Shared>,
     journal: std::sync::mpsc::Sender<journal::Msg>,
+    /// Joined before the database is let go, so a store opened again in this process never
+    /// meets this one's journal thread still writing.
+    journal_thread: std::thread::JoinHandle<()>,
     frames: Frames,
     checkpoints: Checkpoints,
 }
@@ -60,8 +63,12 @@ impl Writer {
         reserved: Arc<Reserved>,
         notifier: Arc<Notifier>,
         commits: Arc<AtomicU64>,
-        (shared, journal): (Arc<journal::Shared>, std::sync::mpsc::Sender<journal::Msg>),
-        seq: u64,
+        (shared, journal, journal_thread): (
+            Arc<journal::Shared>,
+            std::sync::mpsc::Sender<journal::Msg>,
+            std::thread::JoinHandle<()>,
+        ),
+        (seq, generation): (u64, u64),
         checkpoints: Checkpoints,
     ) -> Self {
         Self {
@@ -71,9 +78,10 @@ impl Writer {
             commits,
             shared,
             journal,
+            journal_thread,
             frames: Frames {
                 buf: Vec::new(),
-                generation: new_generation(),
+                generation,
                 seq,
             },
             checkpoints,
@@ -82,6 +90,8 @@ impl Writer {
 
     /// Drains the queue into batches until every sender is gone, then makes a last checkpoint.
     pub(super) fn run(mut self, mut rx: mpsc::UnboundedReceiver<Op>) {
+        // However this thread ends (a panic included), readers waiting for the disk are told.
+        let _stop = journal::BreakOnExit(self.shared.clone());
         let mut batch = Vec::with_capacity(MAX_BATCH);
         let mut since_checkpoint = (0u64, Instant::now());
         while let Some(first) = rx.blocking_recv() {
@@ -92,26 +102,32 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            let journaled = self.frames.seq;
-            self.batch(&mut batch);
-            since_checkpoint.0 += self.frames.seq - journaled;
+            since_checkpoint.0 += self.batch(&mut batch);
             let (bytes, at) = since_checkpoint;
             let due =
                 bytes >= self.checkpoints.bytes || (bytes > 0 && at.elapsed() >= self.checkpoints.every);
-            if due && self.checkpoint() {
+            if due && !self.checkpoints.paused() && self.checkpoint() {
                 since_checkpoint = (0, Instant::now());
             }
         }
         self.checkpoint();
+        let Self {
+            journal,
+            journal_thread,
+            ..
+        } = self;
+        drop(journal);
+        let _ = journal_thread.join();
     }
 
-    /// Applies one batch and answers it: at once, or after its frames are on disk.
-    fn batch(&mut self, batch: &mut Vec<Op>) {
+    /// Applies one batch and answers it: at once, or after its frames are on disk. Returns
+    /// the journal bytes it wrote.
+    fn batch(&mut self, batch: &mut Vec<Op>) -> u64 {
         if self.shared.is_broken() {
             batch
                 .drain(..)
-                .for_each(|op| op.fail("embedded store journal failed; restart to recover"));
-            return;
+                .for_each(|op| op.fail("embedded store failed; restart to recover"));
+            return 0;
         }
         // An operation waits for the disk if it needs it, or if it read a key that an operation
         // needing the disk wrote earlier in this batch.
@@ -151,13 +167,14 @@ impl Writer {
             }
         }
         if let Err(e) = applied {
-            tracing::error!(error = %e, "embedded store commit failed");
+            // A failed commit may still be visible (and redb refuses writes after it), while its
+            // frames never reach the journal: nothing it shows may be handed out as durable.
+            // The store stops until a restart replays the journal.
+            tracing::error!(error = %e, "embedded store commit failed; the store stops until restarted");
+            self.shared.break_down();
             let msg = format!("commit failed: {e}");
             replies.into_iter().for_each(|r| r.fail(&msg));
-            // Its sequence numbers may already be visible as written: let them count as done
-            // (their frames are dropped), in order, so readers waiting on them go on.
-            self.append(Vec::new(), Vec::new());
-            return;
+            return 0;
         }
         // A replay must not go out while the outcome it hands over could still be lost.
         let settled = frames.is_empty() && self.shared.is_settled();
@@ -172,9 +189,11 @@ impl Writer {
                 reply.send(&self.notifier);
             }
         }
+        let bytes = frames.len() as u64;
         if !frames.is_empty() || !later.is_empty() {
             self.append(frames, later);
         }
+        bytes
     }
 
     fn append(&self, frames: Vec<u8>, replies: Vec<Reply>) {
@@ -194,21 +213,27 @@ impl Writer {
     /// A durable redb commit that records the last journaled sequence number, after which the
     /// journal starts over at offset 0 in a new generation. Returns whether it succeeded.
     fn checkpoint(&mut self) -> bool {
-        let (seq, started) = (self.frames.seq, Instant::now());
-        if let Err(e) = write_checkpoint(&self.db, seq) {
+        let (seq, next, started) = (self.frames.seq, new_generation(), Instant::now());
+        if let Err(e) = write_checkpoint(&self.db, seq, next) {
             tracing::error!(error = %e, "embedded store checkpoint failed");
             return false;
         }
         tracing::debug!(seq, took = ?started.elapsed(), "embedded store checkpoint");
-        self.frames.generation = new_generation();
+        self.frames.generation = next;
         let _ = self.journal.send(journal::Msg::Wrap);
         true
     }
 }
 
-fn write_checkpoint(db: &Database, seq: u64) -> Result<(), redb::Error> {
+/// A durable commit of the journal position: every frame up to `seq` is in redb, and frames
+/// from here on belong to generation `next`, the only one recovery will replay.
+fn write_checkpoint(db: &Database, seq: u64, next: u64) -> Result<(), redb::Error> {
     let txn = db.begin_write()?;
-    txn.open_table(META)?.insert(JOURNAL_SEQ, seq)?;
+    {
+        let mut meta = txn.open_table(META)?;
+        meta.insert(JOURNAL_SEQ, seq)?;
+        meta.insert(JOURNAL_GEN, next)?;
+    }
     txn.commit()?;
     Ok(())
 }
@@ -250,17 +275,24 @@ fn apply_batch(
     Ok(())
 }
 
-/// Replays the journal's frames past the last checkpoint into redb and makes that durable;
-/// returns the sequence number to continue from and how many frames were replayed.
-pub(super) fn recover(db: &Database, journal: &[u8]) -> Result<(u64, usize), StoreError> {
+/// Replays the journal's frames past the last checkpoint into redb and makes that durable with
+/// a checkpoint that starts a new generation; returns the sequence number and generation to
+/// continue from and how many frames were replayed. Only the generation the last checkpoint
+/// named is replayed: a journal beside another database file (a lost or restored
+/// `records.redb`) replays nothing.
+pub(super) fn recover(db: &Database, journal: &[u8]) -> Result<(u64, u64, usize), StoreError> {
     let txn = db.begin_write().map_err(StoreError::backend)?;
-    let checkpoint = {
+    let (checkpoint, generation) = {
         let meta = txn.open_table(META).map_err(StoreError::backend)?;
-        meta.get(JOURNAL_SEQ)
-            .map_err(StoreError::backend)?
-            .map_or(0, |v| v.value())
+        let get = |name| -> Result<Option<u64>, StoreError> {
+            Ok(meta.get(name).map_err(StoreError::backend)?.map(|v| v.value()))
+        };
+        (get(JOURNAL_SEQ)?.unwrap_or(0), get(JOURNAL_GEN)?)
     };
-    let (frames, seq) = journal::read(journal, checkpoint);
+    let (frames, seq) = match generation {
+        Some(generation) => journal::read(journal, checkpoint, generation),
+        None => (Vec::new(), checkpoint),
+    };
     {
         let mut records = txn.open_table(RECORDS).map_err(StoreError::backend)?;
         let mut expiry = txn.open_table(EXPIRY).map_err(StoreError::backend)?;
@@ -288,18 +320,14 @@ pub(super) fn recover(db: &Database, journal: &[u8]) -> Result<(u64, usize), Sto
                 .write(&frame.key, old.as_ref(), write)
                 .map_err(StoreError::backend)?;
         }
-        if seq > checkpoint {
-            txn.open_table(META)
-                .map_err(StoreError::backend)?
-                .insert(JOURNAL_SEQ, seq)
-                .map_err(StoreError::backend)?;
-        }
     }
     txn.commit().map_err(StoreError::backend)?;
+    let next = new_generation();
+    write_checkpoint(db, seq, next).map_err(StoreError::backend)?;
     if !frames.is_empty() {
         tracing::info!(frames = frames.len(), "embedded store replayed its journal");
     }
-    Ok((seq, frames.len()))
+    Ok((seq, next, frames.len()))
 }
 
 struct Tables<'a, 't> {
