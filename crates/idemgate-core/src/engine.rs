@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use crate::fingerprint::Fingerprint;
 use crate::lead::{Lead, Leads, Taken};
-use crate::notify::Handoff;
+use crate::notify::{Handoff, Subscription};
 use crate::record::{LeaseToken, Millis, RecordState, StoredResponse, now_millis};
 use crate::renew::Renewer;
 use crate::rules::{Begin, BeginRequest};
@@ -264,6 +264,7 @@ impl<S: Store> Engine<S> {
         // again (see `Store::remote`).
         let mut subscription = (self.store.remote() && waits).then(|| self.store.notifier().subscribe(key));
         let mut lead: Option<Lead> = None;
+        let mut lead_sub: Option<Subscription> = None;
         let mut gate = waits;
         loop {
             let now = now_millis();
@@ -273,10 +274,16 @@ impl<S: Store> Engine<S> {
             if gate && lead.is_none() && now < wait_until {
                 let notifier = self.store.notifier();
                 match self.leads.try_lead(key, (fingerprint, route), notifier) {
-                    Ok(l) => lead = Some(l),
+                    Ok(l) => {
+                        lead = Some(l);
+                        lead_sub = None;
+                    }
                     Err(Taken::Other) => {}
                     Err(Taken::Same) => {
-                        let sub = subscription.get_or_insert_with(|| notifier.subscribe(key));
+                        // Woken by the lead's hand-off or its end only, not by the store's own
+                        // news, which can come first (the embedded store's journal thread, a
+                        // networked store's notification) and would only make it wait again.
+                        let sub = lead_sub.get_or_insert_with(|| notifier.subscribe_lead(key));
                         // Subscribed, then checked again: a lead given up before the
                         // subscription is seen here, one given up after it wakes it.
                         match self.leads.holder(key, (fingerprint, route)) {
@@ -286,26 +293,14 @@ impl<S: Store> Engine<S> {
                             Some(Taken::Same) => {
                                 *waited = true;
                                 let nap = Duration::from_millis(wait_until.saturating_sub(now));
-                                let woke = tokio::time::timeout(nap, sub.notified()).await;
-                                if let Ok(Some(handoff)) = woke {
+                                if let Ok(Some(handoff)) = tokio::time::timeout(nap, sub.notified()).await {
                                     return Ok(replay_handoff(&handoff, fingerprint, route));
                                 }
-                                // A store's own wake-up can come before the lead hands its outcome
-                                // over (the embedded store's journal thread, a networked store's
-                                // notification): while the same request still leads, wait on.
-                                if woke.is_ok()
-                                    && matches!(
-                                        self.leads.holder(key, (fingerprint, route)),
-                                        Some(Taken::Same)
-                                    )
-                                {
-                                    subscription = Some(notifier.subscribe(key));
-                                    continue;
-                                }
                                 // Woken without a hand-off (a release, a refusal, a store error,
-                                // another replica's news) or at the deadline: from here on ask the
+                                // a lead that gave up) or at the deadline: from here on ask the
                                 // store like any waiter, so the waiters of a lead that ended
                                 // without an outcome are not served one new lead at a time.
+                                lead_sub = None;
                                 gate = false;
                                 subscription = Some(notifier.subscribe(key));
                                 continue;

@@ -92,7 +92,7 @@ impl Drop for Lead {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&self.key);
-        self.notifier.notify(&self.key);
+        self.notifier.lead_ended(&self.key);
     }
 }
 

@@ -32,7 +32,11 @@ pub struct Notifier {
 }
 
 struct Entry {
+    /// Store news (a complete or release seen by the store), hand-offs and ended leads.
     notify: Arc<Notify>,
+    /// Hand-offs and ended leads only: what a request waiting on this process's lead needs.
+    /// Store news that comes before the hand-off would only wake it to wait again.
+    lead: Arc<Notify>,
     subscribers: usize,
     /// Counts publications, so a subscription takes only a handoff published after it began.
     published: u64,
@@ -74,16 +78,29 @@ impl Notifier {
     /// the subscription is awaited later.
     #[must_use]
     pub fn subscribe(self: &Arc<Self>, key: &str) -> Subscription {
+        self.subscribe_to(key, false)
+    }
+
+    /// Like [`Notifier::subscribe`], but woken only by a hand-off ([`Notifier::publish`]) or an
+    /// ended lead ([`Notifier::lead_ended`]), not by the store's own news.
+    #[must_use]
+    pub fn subscribe_lead(self: &Arc<Self>, key: &str) -> Subscription {
+        self.subscribe_to(key, true)
+    }
+
+    fn subscribe_to(self: &Arc<Self>, key: &str, lead: bool) -> Subscription {
         let notify = {
             let mut shard = self.shard(key).lock().unwrap_or_else(PoisonError::into_inner);
             let entry = shard.entry(key.into()).or_insert_with(|| Entry {
                 notify: Arc::new(Notify::new()),
+                lead: Arc::new(Notify::new()),
                 subscribers: 0,
                 published: 0,
                 handoff: None,
             });
             entry.subscribers += 1;
-            (entry.notify.clone(), entry.published)
+            let notify = if lead { &entry.lead } else { &entry.notify };
+            (notify.clone(), entry.published)
         };
         let (notify, seen) = notify;
         let mut notified = Box::pin(notify.notified_owned());
@@ -105,10 +122,20 @@ impl Notifier {
             entry.published += 1;
             entry.handoff = Some(Arc::new(handoff()));
             entry.notify.notify_waiters();
+            entry.lead.notify_waiters();
         }
     }
 
-    /// Wakes every current subscriber of `key`.
+    /// Wakes every subscriber of `key`, those waiting on a lead included: the lead ended.
+    pub fn lead_ended(&self, key: &str) {
+        let shard = self.shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(entry) = shard.get(key) {
+            entry.notify.notify_waiters();
+            entry.lead.notify_waiters();
+        }
+    }
+
+    /// Wakes the current subscribers of `key` (store news; not those waiting on a lead).
     pub fn notify(&self, key: &str) {
         let shard = self.shard(key).lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(entry) = shard.get(key) {
@@ -123,6 +150,7 @@ impl Notifier {
             let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
             for entry in shard.values() {
                 entry.notify.notify_waiters();
+                entry.lead.notify_waiters();
             }
         }
     }
@@ -190,6 +218,42 @@ impl Drop for Subscription {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// A request waiting on a lead sleeps through store news and wakes at the hand-off or when
+    /// the lead ends; a store waiter wakes at all three.
+    #[tokio::test]
+    async fn lead_waiters_wake_only_for_the_lead() {
+        let n = Arc::new(Notifier::default());
+        let (mut lead, mut store) = (n.subscribe_lead("k"), n.subscribe("k"));
+        n.notify("k");
+        let short = Duration::from_millis(50);
+        assert!(
+            tokio::time::timeout(short, lead.notified()).await.is_err(),
+            "store news"
+        );
+        assert!(tokio::time::timeout(short, store.notified()).await.is_ok());
+        let (mut lead, mut store) = (n.subscribe_lead("k"), n.subscribe("k"));
+        n.lead_ended("k");
+        assert!(matches!(
+            tokio::time::timeout(short, lead.notified()).await,
+            Ok(None)
+        ));
+        assert!(tokio::time::timeout(short, store.notified()).await.is_ok());
+        let mut lead = n.subscribe_lead("k");
+        n.publish("k", || Handoff {
+            fingerprint: Fingerprint([1; 32]),
+            route: "r".into(),
+            operation_id: "op".into(),
+            response: StoredResponse {
+                status: 200,
+                headers: vec![],
+                body: None,
+            },
+            expires_at: 1,
+        });
+        let handoff = tokio::time::timeout(short, lead.notified()).await.unwrap();
+        assert_eq!(handoff.unwrap().operation_id, "op");
+    }
 
     #[tokio::test]
     async fn notification_before_await_is_not_lost() {
