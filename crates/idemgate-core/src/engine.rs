@@ -289,7 +289,7 @@ impl<S: Store> Engine<S> {
                         match self.leads.holder(key, (fingerprint, route)) {
                             None => continue,
                             // Another request took the key meanwhile: ask the store.
-                            Some(Taken::Other) => {}
+                            Some(Taken::Other) => lead_sub = None,
                             Some(Taken::Same) => {
                                 *waited = true;
                                 let nap = Duration::from_millis(wait_until.saturating_sub(now));

@@ -178,8 +178,8 @@ enum Op {
     Purge(String, oneshot::Sender<Result<bool, StoreError>>),
     /// Deletes the dead record (expired, or an owner's whose lease ran out) that a reservation
     /// in memory replaced, so it cannot show again once that reservation is gone; only if it is
-    /// still that record (its operation id).
-    Forget(String, String, oneshot::Sender<Result<(), StoreError>>),
+    /// still exactly that record.
+    Forget(String, Box<Record>, oneshot::Sender<Result<(), StoreError>>),
     Sweep(Millis, oneshot::Sender<Result<usize, StoreError>>),
 }
 
@@ -334,6 +334,18 @@ impl EmbeddedStore {
         rx.await.map_err(|_| writer_gone())?
     }
 
+    /// After a failed write the store stops (see `journal::Shared::break_down`): decisions made
+    /// in memory stop with it, or a reservation could be granted whose outcome can never be
+    /// recorded.
+    fn check_running(&self) -> Result<(), StoreError> {
+        if self.journal.is_broken() {
+            return Err(StoreError::Backend(
+                "embedded store stopped after a failed write; restart to recover".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Decides `begin` on the caller's task, under the key's shard lock: from the key's entry in
     /// memory if it has one, else from a redb snapshot. A reservation that may be taken over is
     /// kept in memory only.
@@ -370,7 +382,7 @@ impl EmbeddedStore {
                         // write of this key.
                         let (tx, rx) = oneshot::channel();
                         self.ops
-                            .send(Op::Forget(key.to_owned(), dead.operation_id, tx))
+                            .send(Op::Forget(key.to_owned(), Box::new(dead), tx))
                             .map_err(|_| writer_gone())?;
                         Decided::Replacing(answer, rx)
                     }
@@ -418,6 +430,7 @@ enum Decided {
 
 impl Store for EmbeddedStore {
     async fn begin(&self, key: &str, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
+        self.check_running()?;
         match self.decide_begin(key, req)? {
             Decided::Now(answer) => {
                 if matches!(answer, Begin::Replay(_)) {
@@ -430,6 +443,7 @@ impl Store for EmbeddedStore {
                 Ok(Ok(())) => Ok(answer),
                 failed => {
                     self.reserved.settle(key, req.token, State::Memory);
+                    self.notifier.notify(key);
                     Err(failed.map_or_else(|_| writer_gone(), |r| r.err().unwrap_or_else(writer_gone)))
                 }
             },
@@ -450,6 +464,7 @@ impl Store for EmbeddedStore {
         retention_ms: u64,
         now: Millis,
     ) -> Result<(), StoreError> {
+        self.check_running()?;
         let decided = {
             let mut shard = self.reserved.lock(key);
             match shard.get_mut(key) {
@@ -471,13 +486,20 @@ impl Store for EmbeddedStore {
         };
         match decided {
             Ok(record) => {
-                self.call(|reply| Op::Record {
-                    key: key.to_owned(),
-                    token,
-                    record,
-                    reply,
-                })
-                .await
+                let recorded = self
+                    .call(|reply| Op::Record {
+                        key: key.to_owned(),
+                        token,
+                        record,
+                        reply,
+                    })
+                    .await;
+                if recorded.is_err() {
+                    // Not recorded: the reservation is its owner's again, to complete later or
+                    // release, and its lease counts again (it was held while completing).
+                    self.reserved.reopen(key, token);
+                }
+                recorded
             }
             Err(response) => {
                 self.call(|reply| Op::Complete {
@@ -494,6 +516,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn release(&self, key: &str, token: LeaseToken) -> Result<(), StoreError> {
+        self.check_running()?;
         let released = {
             let mut shard = self.reserved.lock(key);
             match shard.get(key) {
@@ -524,6 +547,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn renew(&self, key: &str, token: LeaseToken, lease_until: Millis) -> Result<(), StoreError> {
+        self.check_running()?;
         let renewed = {
             let mut shard = self.reserved.lock(key);
             match shard.get_mut(key) {
@@ -551,6 +575,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn get(&self, key: &str, now: Millis) -> Result<Option<Record>, StoreError> {
+        self.check_running()?;
         let held = self.reserved.lock(key).get(key).map(|e| e.record.clone());
         let record = match held {
             Some(record) => Some(record),
@@ -573,11 +598,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        if self.journal.is_broken() {
-            return Err(StoreError::Backend(
-                "embedded store stopped after a failed write; restart to recover".into(),
-            ));
-        }
+        self.check_running()?;
         self.db.begin_read().map(drop).map_err(StoreError::backend)
     }
 

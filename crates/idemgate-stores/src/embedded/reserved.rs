@@ -73,8 +73,10 @@ impl Entry {
 }
 
 impl Entry {
-    /// Decides `begin` on this entry (through [`Entry::view`]); an in-flight answer carries the
-    /// owner's real lease, not the view's.
+    /// Decides `begin` on this entry (through [`Entry::view`]). An in-flight answer carries the
+    /// owner's lease, not the view's; for an entry on its way to redb, at least a lease from
+    /// now, since an owner may complete after its lease ran out and a waiter told of a lease
+    /// in the past would ask again at once, in a loop, until the commit.
     pub(super) fn begin(&self, req: &BeginRequest<'_>) -> (Begin, Write) {
         let (mut answer, write) = rules::begin(Some(&self.view()), req);
         if let (
@@ -84,7 +86,10 @@ impl Entry {
             },
         ) = (&mut answer, &self.record.state)
         {
-            *lease_until = *real;
+            *lease_until = match self.state {
+                State::Memory => *real,
+                State::Completing | State::Durable => (*real).max(req.now.saturating_add(req.lease_ms)),
+            };
         }
         (answer, write)
     }

@@ -396,3 +396,34 @@ fn records_round_trip_and_unknown_formats_are_corrupt() {
     assert_eq!(decode(&encode(&rec)).unwrap(), rec);
     assert!(matches!(decode(&[9, 1, 2]), Err(StoreError::Corrupt(_))));
 }
+
+/// After a failed write the store stops everywhere, in-memory decisions included: a
+/// reservation granted now could never record its outcome.
+#[tokio::test]
+async fn a_stopped_store_grants_nothing() {
+    let (_dir, store) = open();
+    store.journal.break_down();
+    assert!(store.begin("a", &req(LeaseToken::random(), 0)).await.is_err());
+    assert!(store.get("a", 0).await.is_err());
+    assert!(store.ping().await.is_err(), "readiness fails too");
+}
+
+/// An owner may complete after its lease ran out; while that outcome is on its way to redb,
+/// a waiter is told of a lease ahead of it, so it sleeps instead of asking again in a loop.
+#[test]
+fn a_completing_reservation_answers_with_a_lease_ahead() {
+    let token = LeaseToken::random();
+    let (_, Write::Put(record)) = rules::begin(None, &req(token, 0)) else {
+        panic!("acquired")
+    };
+    let entry = reserved::Entry {
+        record,
+        state: State::Completing,
+    };
+    let (answer, write) = entry.begin(&req(LeaseToken::random(), 2_000));
+    assert_eq!(write, Write::Keep);
+    match answer {
+        Begin::InFlight { lease_until, .. } => assert!(lease_until >= 3_000, "{lease_until}"),
+        other => panic!("{other:?}"),
+    }
+}

@@ -458,9 +458,9 @@ impl Tables<'_, '_> {
                 }
                 Err(e) => Reply::Bool(reply, Err(e), key),
             },
-            Op::Forget(key, operation_id, reply) => match self.load(&key) {
+            Op::Forget(key, dead, reply) => match self.load(&key) {
                 Ok(old) => {
-                    if let Some(old) = old.filter(|old| old.operation_id == operation_id) {
+                    if let Some(old) = old.filter(|old| *old == *dead) {
                         self.write(&key, Some(&old), Write::Delete)?;
                     }
                     Reply::Unit(reply, Ok(()), None)
