@@ -73,6 +73,9 @@ struct Checkpoints {
     /// Set by a test that needs its last writes to exist only in the journal.
     #[cfg(test)]
     paused: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Set by a test: the next batch fails after its writes, before its commit.
+    #[cfg(test)]
+    fail_next_batch: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Checkpoints {
@@ -83,6 +86,14 @@ impl Checkpoints {
         }
         false
     }
+
+    fn fail_next_batch(&self) -> bool {
+        #[cfg(test)]
+        if let Some(fail) = &self.fail_next_batch {
+            return fail.swap(false, Ordering::SeqCst);
+        }
+        false
+    }
 }
 
 const CHECKPOINTS: Checkpoints = Checkpoints {
@@ -90,6 +101,8 @@ const CHECKPOINTS: Checkpoints = Checkpoints {
     every: Duration::from_millis(100),
     #[cfg(test)]
     paused: None,
+    #[cfg(test)]
+    fail_next_batch: None,
 };
 
 /// A durable record store in one redb file.

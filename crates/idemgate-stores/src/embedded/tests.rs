@@ -128,6 +128,7 @@ async fn abort_child() {
         bytes: 2048,
         every: Duration::from_secs(3600),
         paused: Some(paused.clone()),
+        fail_next_batch: None,
     };
     let store = EmbeddedStore::open_with(&dir, small).unwrap();
     let before = checkpointed(&store);
@@ -426,4 +427,61 @@ fn a_completing_reservation_answers_with_a_lease_ahead() {
         Begin::InFlight { lease_until, .. } => assert!(lease_until >= 3_000, "{lease_until}"),
         other => panic!("{other:?}"),
     }
+}
+
+/// A failed commit stops the store: the outcome it carried goes back to its owner's reservation,
+/// nothing more is granted, and a restart finds every outcome acknowledged before.
+#[tokio::test]
+async fn a_failed_commit_stops_the_store_until_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let checkpoints = Checkpoints {
+        fail_next_batch: Some(fail.clone()),
+        ..CHECKPOINTS.clone()
+    };
+    let store = EmbeddedStore::open_with(dir.path(), checkpoints).unwrap();
+    let ok = StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: Some(b"done".to_vec().into()),
+    };
+    let token = LeaseToken::random();
+    store.begin("done", &req(token, 0)).await.unwrap();
+    store.complete("done", token, ok.clone(), 5_000, 0).await.unwrap();
+    let token = LeaseToken::random();
+    store.begin("x", &req(token, 0)).await.unwrap();
+    fail.store(true, Ordering::SeqCst);
+    assert!(store.complete("x", token, ok.clone(), 5_000, 0).await.is_err());
+    assert_eq!(
+        store.reserved.lock("x").get("x").map(|e| e.state),
+        Some(State::Memory),
+        "the reservation is its owner's again"
+    );
+    assert!(store.begin("y", &req(LeaseToken::random(), 0)).await.is_err());
+    assert!(store.ping().await.is_err());
+    drop(store);
+    // The old writer lets the database go once it has stopped.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let store = loop {
+        match EmbeddedStore::open(dir.path()) {
+            Ok(store) => break store,
+            Err(e) => {
+                assert!(std::time::Instant::now() < deadline, "never reopened: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    match store.begin("done", &req(LeaseToken::random(), 1)).await {
+        Ok(Begin::Replay(rec)) => {
+            assert!(matches!(rec.state, RecordState::Completed { response, .. } if response == ok))
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        matches!(
+            store.begin("x", &req(LeaseToken::random(), 1)).await,
+            Ok(Begin::Acquired { .. })
+        ),
+        "a reservation in memory does not outlive the process"
+    );
 }

@@ -147,12 +147,13 @@ impl Writer {
             .collect();
         let mut replies = Vec::with_capacity(batch.len());
         let mut stand_ins = Vec::new();
+        let fail = self.checkpoints.fail_next_batch();
         let applied = apply_batch(
             &self.db,
             batch.drain(..),
             (&mut replies, &mut stand_ins),
             (&mut self.frames, &self.reserved),
-            &self.shared,
+            (&self.shared, fail),
         );
         self.commits
             .fetch_add(u64::from(applied.is_ok()), Ordering::Relaxed);
@@ -245,7 +246,7 @@ fn apply_batch(
     ops: impl Iterator<Item = Op>,
     (replies, stand_ins): (&mut Vec<Reply>, &mut Vec<StandIn>),
     (frames, reserved): (&mut Frames, &Reserved),
-    shared: &journal::Shared,
+    (shared, fail): (&journal::Shared, bool),
 ) -> Result<(), redb::Error> {
     let mut txn = db.begin_write()?;
     // Durable through the journal, then the next checkpoint; see `Op::needs_durability`.
@@ -270,6 +271,9 @@ fn apply_batch(
     }
     if frames.seq > first {
         shared.wrote(frames.seq);
+    }
+    if fail {
+        return Err(redb::Error::Io(std::io::Error::other("injected by a test")));
     }
     txn.commit()?;
     Ok(())
