@@ -166,8 +166,7 @@ pub(super) struct Shared {
     written: AtomicU64,
     /// The highest sequence number on disk.
     durable: watch::Sender<u64>,
-    /// An fsync failed: the page cache may have dropped what it held, so nothing written after
-    /// it can be trusted until a restart replays the journal.
+    /// A commit or an fsync failed, or a thread of the store ended ([`Shared::break_down`]).
     broken: AtomicBool,
     /// Fsyncs that answered someone.
     syncs: AtomicU64,
@@ -196,6 +195,16 @@ impl Shared {
         self.broken.load(Ordering::Acquire)
     }
 
+    /// The store's one answer once it has stopped.
+    pub(super) fn running(&self) -> io::Result<()> {
+        if self.is_broken() {
+            return Err(io::Error::other(
+                "embedded store stopped after a failed write; restart to recover",
+            ));
+        }
+        Ok(())
+    }
+
     pub(super) fn syncs(&self) -> u64 {
         self.syncs.load(Ordering::Relaxed)
     }
@@ -216,12 +225,7 @@ impl Shared {
             // The sender lives in `self`, so the channel cannot close while we wait.
             let _ = rx.wait_for(|d| *d >= target || self.is_broken()).await;
         }
-        if self.is_broken() {
-            return Err(io::Error::other(
-                "embedded store stopped after a failed write; restart to recover",
-            ));
-        }
-        Ok(())
+        self.running()
     }
 }
 
@@ -265,11 +269,7 @@ pub(super) fn run(
         let mut replies = Vec::new();
         let mut last = None;
         let mut wrote = false;
-        let mut result = if shared.is_broken() {
-            Err(io::Error::other("journal failed earlier"))
-        } else {
-            Ok(())
-        };
+        let mut result = shared.running();
         let mut grouped = 0;
         let mut next = Some(first);
         while let Some(msg) = next.take() {

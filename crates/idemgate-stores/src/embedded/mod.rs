@@ -105,7 +105,8 @@ const CHECKPOINTS: Checkpoints = Checkpoints {
     fail_next_batch: None,
 };
 
-/// A durable record store in one redb file.
+/// A durable record store: records in a redb file and its journal, reservations that may be
+/// taken over in memory (see the module doc).
 pub struct EmbeddedStore {
     db: Arc<Database>,
     reserved: Arc<reserved::Reserved>,
@@ -126,7 +127,8 @@ impl std::fmt::Debug for EmbeddedStore {
 }
 
 impl EmbeddedStore {
-    /// Opens (or creates) the store in directory `dir` (file `records.redb` inside).
+    /// Opens (or creates) the store in directory `dir` (files `records.redb` and
+    /// `records.journal` inside), replaying the journal if the last process did not stop cleanly.
     ///
     /// # Errors
     /// The directory or the database cannot be created or opened (another process holds it).
@@ -240,12 +242,7 @@ impl EmbeddedStore {
     /// in memory stop with it, or a reservation could be granted whose outcome can never be
     /// recorded.
     fn check_running(&self) -> Result<(), StoreError> {
-        if self.journal.is_broken() {
-            return Err(StoreError::Backend(
-                "embedded store stopped after a failed write; restart to recover".into(),
-            ));
-        }
-        Ok(())
+        self.journal.running().map_err(StoreError::backend)
     }
 
     /// Decides `begin` on the caller's task, under the key's shard lock: from the key's entry in
@@ -344,7 +341,7 @@ impl Store for EmbeddedStore {
             Decided::Replacing(answer, forgotten) => match forgotten.await {
                 Ok(Ok(())) => Ok(answer),
                 failed => {
-                    self.reserved.settle(key, req.token, State::Memory);
+                    self.reserved.remove(key, req.token, State::Memory);
                     self.notifier.notify(key);
                     Err(failed.map_or_else(|_| writer_gone(), |r| r.err().unwrap_or_else(writer_gone)))
                 }

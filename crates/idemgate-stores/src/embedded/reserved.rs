@@ -111,8 +111,9 @@ impl Reserved {
         self.shards[i].lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Removes `key`'s entry if it is still `state` for `token` (the writer, after its commit).
-    pub(super) fn settle(&self, key: &str, token: LeaseToken, state: State) {
+    /// Removes `key`'s entry if it is still `state` for `token`: a stand-in once its write is
+    /// committed, or a reservation whose `begin` failed.
+    pub(super) fn remove(&self, key: &str, token: LeaseToken, state: State) {
         let mut shard = self.lock(key);
         if shard
             .get(key)

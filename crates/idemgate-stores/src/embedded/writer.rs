@@ -123,28 +123,27 @@ impl Writer {
     /// Applies one batch and answers it: at once, or after its frames are on disk. Returns
     /// the journal bytes it wrote.
     fn batch(&mut self, batch: &mut Vec<Op>) -> u64 {
-        if self.shared.is_broken() {
-            batch
-                .drain(..)
-                .for_each(|op| op.fail("embedded store failed; restart to recover"));
+        if let Err(e) = self.shared.running() {
+            let msg = e.to_string();
+            batch.drain(..).for_each(|op| op.fail(&msg));
             return 0;
         }
         // An operation waits for the disk if it needs it, or if it read a key that an operation
         // needing the disk wrote earlier in this batch.
-        let mut durable_keys = std::collections::HashSet::new();
-        let mut held: Vec<bool> = batch
-            .iter()
-            .map(|op| {
-                if op.needs_durability() {
-                    if let Some(key) = op.key() {
-                        durable_keys.insert(key.to_owned());
+        let held: Vec<bool> = {
+            let mut durable_keys = std::collections::HashSet::new();
+            batch
+                .iter()
+                .map(|op| {
+                    if op.needs_durability() {
+                        durable_keys.extend(op.key());
+                        true
+                    } else {
+                        op.key().is_some_and(|k| durable_keys.contains(k))
                     }
-                    true
-                } else {
-                    op.key().is_some_and(|k| durable_keys.contains(k))
-                }
-            })
-            .collect();
+                })
+                .collect()
+        };
         let mut replies = Vec::with_capacity(batch.len());
         let mut stand_ins = Vec::new();
         let fail = self.checkpoints.fail_next_batch();
@@ -164,7 +163,7 @@ impl Writer {
         for (key, token, state) in stand_ins {
             match (&applied, state) {
                 (Err(_), State::Completing) => self.reserved.reopen(&key, token),
-                _ => self.reserved.settle(&key, token, state),
+                _ => self.reserved.remove(&key, token, state),
             }
         }
         if let Err(e) = applied {
@@ -179,12 +178,9 @@ impl Writer {
         }
         // A replay must not go out while the outcome it hands over could still be lost.
         let settled = frames.is_empty() && self.shared.is_settled();
-        for (reply, held) in replies.iter().zip(held.iter_mut()) {
-            *held |= !settled && reply.is_replay();
-        }
         let mut later = Vec::new();
         for (reply, held) in replies.into_iter().zip(held) {
-            if held {
+            if held || (!settled && reply.is_replay()) {
                 later.push(reply);
             } else {
                 reply.send(&self.notifier);
