@@ -7,9 +7,9 @@ Standard library only (no matplotlib, no venv): the SVG is written by hand.
 
 Result lines ('|'-separated, first field the kind), as bench/run.sh writes them:
 
-    row|scenario|target|rps|p50_us|p99_us|rss_kb|errors|detail|foreign|rps_min|rps_max
+    row|scenario|target|rps|p50_us|p99_us|rss_kb|errors|detail|foreign|rps_min|rps_max|steal
     storm|target|n|ok|fresh|replayed|non2xx|sock_errors|p50_us|p99_us|max_us|executions|delay_ms|foreign|statuses
-    rate|store|target|rate|rps|p50_us|p90_us|p99_us|p999_us|max_us|errors|foreign
+    rate|store|target|rate|rps|p50_us|p90_us|p99_us|p999_us|max_us|errors|foreign|steal
     rt|target|round_trips_per_miss|round_trips_per_replay
     prof|scenario|target|samples|pct|dso|symbol
     growth|target|level|records|rps|p50_us|rss_kb|p99_us|errors|foreign
@@ -70,7 +70,8 @@ def load(results, meta):
         if kind == "row":
             rows[(f[1], f[2])] = dict(
                 rps=num(f[3]), p50=num(f[4]), p99=num(f[5]), rss=num(f[6]), errors=int(num(f[7])),
-                detail=f[8], foreign=num(f[9]), lo=num(f[10]), hi=num(f[11]))
+                detail=f[8], foreign=num(f[9]), lo=num(f[10]), hi=num(f[11]),
+                steal=num(f[12]) if len(f) > 12 and f[12] else 0.0)
         elif kind == "storm":
             storms.append(dict(target=f[1], n=int(num(f[2])), ok=int(num(f[3])), fresh=int(num(f[4])),
                                replayed=int(num(f[5])), non2xx=int(num(f[6])), sock=int(num(f[7])),
@@ -80,7 +81,8 @@ def load(results, meta):
         elif kind == "rate":
             rates.append(dict(store=f[1], target=f[2], rate=num(f[3]), rps=num(f[4]), p50=num(f[5]),
                               p90=num(f[6]), p99=num(f[7]), p999=num(f[8]), max=num(f[9]),
-                              errors=int(num(f[10])), foreign=num(f[11])))
+                              errors=int(num(f[10])), foreign=num(f[11]),
+                              steal=num(f[12]) if len(f) > 12 and f[12] else 0.0))
         elif kind == "rt":
             rts[f[1]] = (f[2], f[3])
         elif kind == "growth":
@@ -182,7 +184,8 @@ def main():
                 flagged.append(f"{s} / {t}: {r['errors']} errors ({r['detail']})")
             if r["foreign"] > noise:
                 flag += " ‡"
-                noisy.append(f"{s} / {t}: {r['foreign']:.0f}% of a core used by other processes during the run")
+                noisy.append(f"{s} / {t}: {r['foreign']:.0f}% of a core lost during the run "
+                             f"({r['foreign'] - r['steal']:.0f}% to other processes, {r['steal']:.0f}% to the VM host's steal)")
             rng = f" ({fmt_int(r['lo'])}-{fmt_int(r['hi'])})" if repeat > 1 else ""
             xn = f"{r['rps'] / nginx_rps:.2f}" if nginx_rps else "n/a"
             is_peer = t in [NGINX] + NODE_PEERS or t.startswith("upstream")
@@ -412,12 +415,13 @@ def main():
         w("No closed-loop row had socket errors, non-2xx responses or unexpected replay markers.")
     w("")
     if noisy:
-        w("**‡ Noisy rows (another process competed for the CPUs; rerun on a quiet machine):**")
+        w("**‡ Noisy rows (another process or the VM's host took CPU time; rerun on a quiet machine):**")
         w("")
         for x in noisy:
             w(f"- {x}")
     else:
-        w(f"No closed-loop row had more than {noise:.0f}% of a core of foreign CPU use during its measured run.")
+        w(f"No closed-loop row lost more than {noise:.0f}% of a core to other processes or to the VM host's "
+          f"steal during its measured run.")
     w("")
     open(a.out, "w", encoding="utf-8").write("\n".join(out) + "\n")
 

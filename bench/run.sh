@@ -382,6 +382,9 @@ if { zcat /proc/config.gz 2>/dev/null || cat "/boot/config-$(uname -r)" 2>/dev/n
 cpu_busy_ticks() {
   awk -v irqacct="$IRQ_TIME_ACCT" '/^cpu / { print $2 + $3 + $4 + (irqacct ? 0 : $7 + $8); exit }' /proc/stat
 }
+# Ticks the VM's host ran something else while a CPU of ours wanted to run (steal). Nothing on
+# this machine shows up for them, yet every process here ran slower meanwhile.
+cpu_steal_ticks() { awk '/^cpu / { print $9 + 0; exit }' /proc/stat; }
 # utime+stime ticks of a process and its direct children
 proc_ticks() {
   local t=0 p v
@@ -399,15 +402,21 @@ CLK_TCK="$(getconf CLK_TCK)"
 # Their CPU is not "foreign".
 OWN_PIDS=()
 own_ticks() { local t=0 p; for p in "${OWN_PIDS[@]+"${OWN_PIDS[@]}"}"; do t=$((t + $(proc_ticks "$p"))); done; echo "$t"; }
-# foreign_begin SUT_PID / foreign_end SUT_PID LOADGEN_TICKS -> FOREIGN (% of one core over the
-# wall-clock time between the two calls)
+# foreign_begin SUT_PID / foreign_end SUT_PID LOADGEN_TICKS -> FOREIGN and STEAL (% of one core
+# over the wall-clock time between the two calls). FOREIGN is the CPU this run lost: other
+# processes' busy time plus the host's steal time; STEAL is the steal part alone.
 uptime_ticks() { awk '{ printf "%d", $1 * 100 }' /proc/uptime; }
-foreign_begin() { F_T0="$(uptime_ticks)"; F_BUSY0="$(cpu_busy_ticks)"; F_SUT0="$(proc_ticks "$1")"; F_OWN0="$(own_ticks)"; }
+foreign_begin() {
+  F_T0="$(uptime_ticks)"; F_BUSY0="$(cpu_busy_ticks)"; F_STEAL0="$(cpu_steal_ticks)"
+  F_SUT0="$(proc_ticks "$1")"; F_OWN0="$(own_ticks)"
+}
 foreign_end() {
-  local busy1 sut1 own1 t1
-  busy1="$(cpu_busy_ticks)"; sut1="$(proc_ticks "$1")"; own1="$(own_ticks)"; t1="$(uptime_ticks)"
-  FOREIGN="$(awk -v b=$((busy1 - F_BUSY0)) -v s=$((sut1 - F_SUT0)) -v o=$((own1 - F_OWN0)) \
-                 -v w="$2" -v d=$((t1 - F_T0)) 'BEGIN { if (d < 1) d = 1; f = 100 * (b - s - o - w) / d; if (f < 0) f = 0; printf "%.0f", f }')"
+  local busy1 steal1 sut1 own1 t1
+  busy1="$(cpu_busy_ticks)"; steal1="$(cpu_steal_ticks)"; sut1="$(proc_ticks "$1")"; own1="$(own_ticks)"; t1="$(uptime_ticks)"
+  read -r FOREIGN STEAL < <(awk -v b=$((busy1 - F_BUSY0)) -v s=$((sut1 - F_SUT0)) -v o=$((own1 - F_OWN0)) \
+      -v w="$2" -v st=$((steal1 - F_STEAL0)) -v d=$((t1 - F_T0)) 'BEGIN {
+        if (d < 1) d = 1; f = 100 * (b - s - o - w) / d; if (f < 0) f = 0; st = 100 * st / d
+        printf "%.0f %.0f\n", f + st, st }')
 }
 
 # ---------------------------------------------------------------- load runs
@@ -490,8 +499,8 @@ bench_row() {
     line="$WRK_LINE"
     foreign_end "$pid" "${line##*wrk_ticks=}"
     rss="$(rss_kb "$pid")"
-    log "  ${line#RESULT } rss_kb=$rss foreign_cpu=${FOREIGN}%"
-    echo "$line rss_kb=$rss foreign=$FOREIGN" >>"$runs"
+    log "  ${line#RESULT } rss_kb=$rss foreign_cpu=${FOREIGN}% (of it steal ${STEAL}%)"
+    echo "$line rss_kb=$rss foreign=$FOREIGN steal=$STEAL" >>"$runs"
   done
   # pick the median run by req/s; errors are summed over all runs
   awk -v scenario="$scenario" -v target="$target" '
@@ -503,9 +512,9 @@ bench_row() {
       for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (rps[idx[j]] < rps[idx[i]]) { t = idx[i]; idx[i] = idx[j]; idx[j] = t }
       m = idx[int((n + 1) / 2)]
       split(ln[m], f, " "); delete r; for (i = 2; i in f; i++) { split(f[i], kv, "="); r[kv[1]] = kv[2] }
-      printf "row|%s|%s|%s|%s|%s|%s|%d|requests=%d non2xx=%d replayed=%d retries=%d unexpected=%d sock_errors=%d|%s|%s|%s\n",
+      printf "row|%s|%s|%s|%s|%s|%s|%d|requests=%d non2xx=%d replayed=%d retries=%d unexpected=%d sock_errors=%d|%s|%s|%s|%s\n",
         scenario, target, r["rps"], r["p50_us"], r["p99_us"], r["rss_kb"], errs, req, nx, rp, rt, un, so,
-        r["foreign"], rps[idx[1]], rps[idx[n]]
+        r["foreign"], rps[idx[1]], rps[idx[n]], r["steal"]
     }' "$runs" >>"$RESULTS"
   LAST_RPS="$(awk -F'|' -v s="$scenario" -v t="$target" '$1 == "row" && $2 == s && $3 == t { v = $4 } END { print v + 0 }' "$RESULTS")"
 }
@@ -689,8 +698,8 @@ rate_row() { # STORE-TARGET LABEL PORT MODE SUT_PID RATE
     --duration "$RATE_S" --warmup 1 --connections "$CONNS" --mode "$mode" --prefix "$(keyp o)"
   line="$LG_LINE"
   foreign_end "$pid" "$TRACKED_TICKS"
-  log "  ${line#RESULT } foreign_cpu=${FOREIGN}%"
-  echo "rate|$group|$target|$rate|$(kv "$line" rps)|$(kv "$line" p50_us)|$(kv "$line" p90_us)|$(kv "$line" p99_us)|$(kv "$line" p999_us)|$(kv "$line" max_us)|$(kv "$line" errors)|$FOREIGN" >>"$RESULTS"
+  log "  ${line#RESULT } foreign_cpu=${FOREIGN}% (of it steal ${STEAL}%)"
+  echo "rate|$group|$target|$rate|$(kv "$line" rps)|$(kv "$line" p50_us)|$(kv "$line" p90_us)|$(kv "$line" p99_us)|$(kv "$line" p999_us)|$(kv "$line" max_us)|$(kv "$line" errors)|$FOREIGN|$STEAL" >>"$RESULTS"
 }
 
 # ---------------------------------------------------------------- run
