@@ -16,6 +16,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::begin_call::BeginCall;
 use crate::fingerprint::Fingerprint;
 use crate::lead::{Lead, Leads, Taken};
 use crate::notify::{Handoff, Subscription};
@@ -319,7 +320,15 @@ impl<S: Store> Engine<S> {
                 takeover: policy.on_lease_expiry == LeaseExpiry::Retry,
                 now,
             };
-            let lease_until = match self.store.begin(key, &req).await? {
+            // A call that can be cut off mid-way (a networked store, or a reservation that
+            // must reach the disk) runs to its end even if this request is dropped
+            // (`begin_call.rs`); the rest decide on the first poll.
+            let answer = if self.store.remote() || !req.takeover {
+                BeginCall::new(&self.store, key, &req).await
+            } else {
+                self.store.begin(key, &req).await
+            };
+            let lease_until = match answer? {
                 Begin::Acquired { operation_id, .. } => {
                     let mut exec = Execution::start(
                         self.store.clone(),

@@ -12,6 +12,7 @@
 //! - [`problem`]: the refusal table (slugs, titles, statuses) and the problem+json body.
 //! - [`memory`]: the sharded, bounded memory store.
 
+mod begin_call;
 pub mod engine;
 pub mod fingerprint;
 pub mod key;

@@ -1,0 +1,101 @@
+//! A store `begin` that runs to its end even if the request that asked for it is dropped.
+//!
+//! A client that disconnects while its `begin` is on its way to a networked store drops the
+//! request's future mid-call, yet the call may still take effect: the script or statement
+//! already reached the server, or the embedded store's writer already queued the durable
+//! reservation. That would leave a reservation nobody executes, renews or releases. The client's
+//! retry would wait out the whole lease, and on a route with `on_lease_expiry: fail` it would
+//! find the outcome unknown once the lease ran out, though the upstream never ran. (A PostgreSQL
+//! connection cut off mid-statement is also closed rather than returned to its pool.)
+//!
+//! So a [`BeginCall`] dropped unfinished moves the call to a task of its own, and an answer
+//! nobody will read that acquired the key releases it at once. Nothing was executed, so freeing
+//! the key is exactly right: the retry executes. Like `detach.rs` in the gateway, the call is
+//! polled in place and costs a task only when its caller goes away.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use crate::record::LeaseToken;
+use crate::rules::{Begin, BeginRequest};
+use crate::store::{Store, StoreError};
+
+type Call = Pin<Box<dyn Future<Output = Result<Begin, StoreError>> + Send>>;
+
+/// `store.begin(key, req)`, released if it acquires the key after its caller went away.
+pub(crate) struct BeginCall<S: Store> {
+    running: Option<Call>,
+    store: Arc<S>,
+    key: String,
+    token: LeaseToken,
+}
+
+impl<S: Store> BeginCall<S> {
+    pub(crate) fn new(store: &Arc<S>, key: &str, req: &BeginRequest<'_>) -> Self {
+        let (route, operation_id) = (req.route.to_owned(), req.operation_id.to_owned());
+        let (inner, owned_key, copy) = (store.clone(), key.to_owned(), req.clone());
+        let (fingerprint, token, lease_ms, retention_ms, takeover, now) = (
+            copy.fingerprint,
+            copy.token,
+            copy.lease_ms,
+            copy.retention_ms,
+            copy.takeover,
+            copy.now,
+        );
+        let call = async move {
+            let req = BeginRequest {
+                fingerprint,
+                route: &route,
+                token,
+                operation_id: &operation_id,
+                lease_ms,
+                retention_ms,
+                takeover,
+                now,
+            };
+            inner.begin(&owned_key, &req).await
+        };
+        Self {
+            running: Some(Box::pin(call)),
+            store: store.clone(),
+            key: key.to_owned(),
+            token: req.token,
+        }
+    }
+}
+
+impl<S: Store> Future for BeginCall<S> {
+    type Output = Result<Begin, StoreError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(call) = self.running.as_mut() else {
+            panic!("BeginCall polled after it finished");
+        };
+        let answer = std::task::ready!(call.as_mut().poll(cx));
+        self.running = None;
+        Poll::Ready(answer)
+    }
+}
+
+impl<S: Store> Drop for BeginCall<S> {
+    fn drop(&mut self) {
+        let Some(call) = self.running.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime left to finish it on (the process is ending): the lease runs out.
+            return;
+        };
+        let (store, key, token) = (self.store.clone(), std::mem::take(&mut self.key), self.token);
+        runtime.spawn(async move {
+            if let Ok(Begin::Acquired { .. }) = call.await
+                && let Err(e) = store.release(&key, token).await
+            {
+                // Not fatal: the lease runs out as if the owner had died.
+                tracing::warn!(error = %e, "releasing a key whose requester went away failed");
+            }
+        });
+    }
+}
