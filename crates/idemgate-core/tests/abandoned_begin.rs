@@ -3,63 +3,16 @@
 //! (`begin_call.rs`). Without that, the retry of a client that disconnected mid-begin waited
 //! out the whole lease, and on an `on_lease_expiry: fail` route found the outcome unknown.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::TestStore;
 use idemgate_core::engine::{Concurrency, Engine, LeaseExpiry, Policy, Started};
 use idemgate_core::fingerprint::Fingerprint;
-use idemgate_core::memory::MemoryStore;
-use idemgate_core::notify::Notifier;
-use idemgate_core::record::{LeaseToken, Millis, Record, RecordState, StoredResponse, now_millis};
-use idemgate_core::rules::{Begin, BeginRequest};
-use idemgate_core::store::{Store, StoreError};
-
-/// The memory store, whose `begin` takes effect at once and answers only after `reply_after`,
-/// like a networked store whose reply is still on the wire. `remote` makes it pose as one.
-struct SlowReply {
-    inner: MemoryStore,
-    reply_after: Duration,
-    remote: bool,
-}
-
-impl Store for SlowReply {
-    async fn begin(&self, key: &str, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
-        let answer = self.inner.begin(key, req).await;
-        tokio::time::sleep(self.reply_after).await;
-        answer
-    }
-    async fn complete(
-        &self,
-        key: &str,
-        token: LeaseToken,
-        response: StoredResponse,
-        retention_ms: u64,
-        now: Millis,
-    ) -> Result<(), StoreError> {
-        self.inner.complete(key, token, response, retention_ms, now).await
-    }
-    async fn release(&self, key: &str, token: LeaseToken) -> Result<(), StoreError> {
-        self.inner.release(key, token).await
-    }
-    async fn renew(&self, key: &str, token: LeaseToken, until: Millis) -> Result<(), StoreError> {
-        self.inner.renew(key, token, until).await
-    }
-    async fn get(&self, key: &str, now: Millis) -> Result<Option<Record>, StoreError> {
-        self.inner.get(key, now).await
-    }
-    async fn purge(&self, key: &str) -> Result<bool, StoreError> {
-        self.inner.purge(key).await
-    }
-    async fn ping(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-    fn notifier(&self) -> &Arc<Notifier> {
-        self.inner.notifier()
-    }
-    fn remote(&self) -> bool {
-        self.remote
-    }
-}
+use idemgate_core::record::{RecordState, now_millis};
+use idemgate_core::store::Store;
 
 #[tokio::test]
 async fn a_networked_begin_dropped_mid_call_frees_the_key() {
@@ -72,10 +25,10 @@ async fn a_reservation_that_may_not_be_taken_over_is_freed_too() {
 }
 
 async fn freed_after_a_dropped_begin(remote: bool, on_lease_expiry: LeaseExpiry) {
-    let store = Arc::new(SlowReply {
-        inner: MemoryStore::new(1 << 20),
+    let store = Arc::new(TestStore {
         reply_after: Duration::from_millis(300),
         remote,
+        ..TestStore::new()
     });
     let engine = Engine::new(store.clone());
     let policy = Policy {

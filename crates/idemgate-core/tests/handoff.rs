@@ -1,74 +1,18 @@
 //! Waiters on the process that ran the operation answer from the owner's handed-over outcome:
 //! they wait on the key's lead (`lead.rs`) and never read the store.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::TestStore;
 use idemgate_core::engine::{Engine, Outcome, Policy, Started};
 use idemgate_core::fingerprint::Fingerprint;
-use idemgate_core::memory::MemoryStore;
-use idemgate_core::notify::Notifier;
-use idemgate_core::record::{LeaseToken, Millis, Record, StoredResponse};
-use idemgate_core::rules::{Begin, BeginRequest};
-use idemgate_core::store::{Store, StoreError};
-
-/// The memory store, counting `begin` calls; `remote` makes it pose as a networked store, and
-/// `early_wake` makes it wake the key's waiters on its own when an outcome is recorded and let
-/// them run before the owner hands the outcome over (as the embedded store's journal thread and
-/// a networked store's notifications can).
-struct Counting {
-    inner: MemoryStore,
-    begins: AtomicUsize,
-    remote: bool,
-    early_wake: bool,
-}
-
-impl Store for Counting {
-    async fn begin(&self, key: &str, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
-        self.begins.fetch_add(1, Ordering::SeqCst);
-        self.inner.begin(key, req).await
-    }
-    async fn complete(
-        &self,
-        key: &str,
-        token: LeaseToken,
-        response: StoredResponse,
-        retention_ms: u64,
-        now: Millis,
-    ) -> Result<(), StoreError> {
-        let done = self.inner.complete(key, token, response, retention_ms, now).await;
-        if self.early_wake {
-            self.inner.notifier().notify(key);
-            for _ in 0..100 {
-                tokio::task::yield_now().await;
-            }
-        }
-        done
-    }
-    async fn release(&self, key: &str, token: LeaseToken) -> Result<(), StoreError> {
-        self.inner.release(key, token).await
-    }
-    async fn renew(&self, key: &str, token: LeaseToken, until: Millis) -> Result<(), StoreError> {
-        self.inner.renew(key, token, until).await
-    }
-    async fn get(&self, key: &str, now: Millis) -> Result<Option<Record>, StoreError> {
-        self.inner.get(key, now).await
-    }
-    async fn purge(&self, key: &str) -> Result<bool, StoreError> {
-        self.inner.purge(key).await
-    }
-    async fn ping(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-    fn notifier(&self) -> &Arc<Notifier> {
-        self.inner.notifier()
-    }
-    fn remote(&self) -> bool {
-        self.remote
-    }
-}
+use idemgate_core::record::StoredResponse;
+use idemgate_core::store::Store;
 
 fn response(body: &'static str) -> StoredResponse {
     StoredResponse {
@@ -99,11 +43,10 @@ async fn a_store_wake_up_before_the_hand_off_does_not_send_waiters_to_the_store(
 
 async fn storm(remote: bool, early_wake: bool) {
     const WAITERS: usize = 50;
-    let store = Arc::new(Counting {
-        inner: MemoryStore::new(1 << 20),
-        begins: AtomicUsize::new(0),
+    let store = Arc::new(TestStore {
         remote,
         early_wake,
+        ..TestStore::new()
     });
     let engine = Engine::new(store.clone());
     let (same, other) = (Fingerprint([1; 32]), Fingerprint([2; 32]));
@@ -171,7 +114,7 @@ async fn storm(remote: bool, early_wake: bool) {
 }
 
 /// Waits until `n` requests subscribed to `k` (they are asleep on the lead).
-async fn asleep(store: &Counting, n: usize) {
+async fn asleep(store: &TestStore, n: usize) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while store.notifier().subscribers("k") < n {
         assert!(
@@ -182,13 +125,8 @@ async fn asleep(store: &Counting, n: usize) {
     }
 }
 
-fn counting() -> Arc<Counting> {
-    Arc::new(Counting {
-        inner: MemoryStore::new(1 << 20),
-        begins: AtomicUsize::new(0),
-        remote: false,
-        early_wake: false,
-    })
+fn counting() -> Arc<TestStore> {
+    Arc::new(TestStore::new())
 }
 
 /// A released key wakes the waiters of the lead: exactly one of them executes, the others take
