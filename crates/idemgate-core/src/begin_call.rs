@@ -9,7 +9,9 @@
 //! connection cut off mid-statement is also closed rather than returned to its pool.)
 //!
 //! So a [`BeginCall`] dropped unfinished moves the call to a task of its own, and an answer
-//! nobody will read that acquired the key releases it at once. Nothing was executed, so freeing
+//! nobody will read that acquired the key releases it at once. A call that timed out or lost
+//! its connection may have taken effect just the same; its attempt is over, so it releases its
+//! token too. Nothing was executed, so freeing
 //! the key is exactly right: the retry executes. Like `detach.rs` in the gateway, the call is
 //! polled in place and costs a task only when its caller goes away.
 
@@ -75,7 +77,31 @@ impl<S: Store> Future for BeginCall<S> {
         };
         let answer = std::task::ready!(call.as_mut().poll(cx));
         self.running = None;
+        if matches!(answer, Err(StoreError::Timeout | StoreError::Backend(_))) {
+            // Timed out or cut off, the call may still have taken effect (the script reached
+            // Redis, the commit went through before the reply was lost). This attempt will
+            // never execute, so its token is released: a no-op if nothing was reserved, and
+            // ordered after the begin on Redis's one connection; PostgreSQL's
+            // `statement_timeout` has already cancelled a statement still running.
+            self.release_later();
+        }
         Poll::Ready(answer)
+    }
+}
+
+impl<S: Store> BeginCall<S> {
+    /// Releases this attempt's token in a task of its own (nobody waits for it).
+    fn release_later(&mut self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (store, key, token) = (self.store.clone(), std::mem::take(&mut self.key), self.token);
+        runtime.spawn(async move {
+            if let Err(e) = store.release(&key, token).await {
+                // Not fatal: the lease runs out as if the owner had died.
+                tracing::warn!(error = %e, "releasing an abandoned attempt's key failed");
+            }
+        });
     }
 }
 
@@ -90,11 +116,14 @@ impl<S: Store> Drop for BeginCall<S> {
         };
         let (store, key, token) = (self.store.clone(), std::mem::take(&mut self.key), self.token);
         runtime.spawn(async move {
-            if let Ok(Begin::Acquired { .. }) = call.await
-                && let Err(e) = store.release(&key, token).await
+            // Acquired for nobody, or possibly so (cut off): the token goes, as above.
+            if matches!(
+                call.await,
+                Ok(Begin::Acquired { .. }) | Err(StoreError::Timeout | StoreError::Backend(_))
+            ) && let Err(e) = store.release(&key, token).await
             {
                 // Not fatal: the lease runs out as if the owner had died.
-                tracing::warn!(error = %e, "releasing a key whose requester went away failed");
+                tracing::warn!(error = %e, "releasing an abandoned attempt's key failed");
             }
         });
     }

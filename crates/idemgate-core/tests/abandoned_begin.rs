@@ -6,6 +6,7 @@
 mod common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::TestStore;
@@ -24,6 +25,43 @@ async fn a_reservation_that_may_not_be_taken_over_is_freed_too() {
     freed_after_a_dropped_begin(false, LeaseExpiry::Fail).await;
 }
 
+/// The store's own timeout ended the call, but the script or statement had reached the server:
+/// the attempt is over, so its token is released.
+#[tokio::test]
+async fn a_begin_that_timed_out_after_taking_effect_frees_the_key() {
+    let store = Arc::new(TestStore {
+        remote: true,
+        time_out_begin: AtomicBool::new(true),
+        ..TestStore::new()
+    });
+    let engine = Engine::new(store.clone());
+    let policy = long_lease(LeaseExpiry::Fail);
+    let fp = Fingerprint([8; 32]);
+    assert!(
+        engine.begin("k", "r", fp, &policy).await.is_err(),
+        "the store timed out"
+    );
+    assert!(
+        matches!(
+            store.inner.get("k", now_millis()).await.unwrap().map(|r| r.state),
+            Some(RecordState::InFlight { .. })
+        ),
+        "the begin took effect all the same"
+    );
+    store.time_out_begin.store(false, Ordering::SeqCst);
+    retry_executes(&engine, fp, &policy).await;
+}
+
+fn long_lease(on_lease_expiry: LeaseExpiry) -> Policy {
+    Policy {
+        // Far longer than the test: only a release frees the key in time.
+        lease: Duration::from_secs(60),
+        concurrent: Concurrency::Reject,
+        on_lease_expiry,
+        ..Policy::default()
+    }
+}
+
 async fn freed_after_a_dropped_begin(remote: bool, on_lease_expiry: LeaseExpiry) {
     let store = Arc::new(TestStore {
         reply_after: Duration::from_millis(300),
@@ -31,13 +69,7 @@ async fn freed_after_a_dropped_begin(remote: bool, on_lease_expiry: LeaseExpiry)
         ..TestStore::new()
     });
     let engine = Engine::new(store.clone());
-    let policy = Policy {
-        // Far longer than the test: only a release frees the key in time.
-        lease: Duration::from_secs(60),
-        concurrent: Concurrency::Reject,
-        on_lease_expiry,
-        ..Policy::default()
-    };
+    let policy = long_lease(on_lease_expiry);
     let fp = Fingerprint([7; 32]);
     // The client goes away while the store's answer is still on its way.
     let first = tokio::time::timeout(Duration::from_millis(50), engine.begin("k", "r", fp, &policy)).await;
@@ -51,9 +83,13 @@ async fn freed_after_a_dropped_begin(remote: bool, on_lease_expiry: LeaseExpiry)
     );
     // Its retry executes once the abandoned call has answered and released, long before the
     // 60 s lease would have run out.
+    retry_executes(&engine, fp, &policy).await;
+}
+
+async fn retry_executes<S: Store>(engine: &Engine<S>, fp: Fingerprint, policy: &Policy) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match engine.begin("k", "r", fp, &policy).await.unwrap() {
+        match engine.begin("k", "r", fp, policy).await.unwrap() {
             Started::Execute(_) => break,
             Started::InFlight { .. } => {
                 assert!(Instant::now() < deadline, "the key stayed reserved for nobody");

@@ -186,23 +186,41 @@ impl World {
 
 /// The gateway configuration: one `required` route, a short lease so that takeovers happen
 /// within the run, and short store and wait bounds so that faults end in answers.
-fn gateway_yaml(store: &str) -> String {
+/// The checker's gateway: short leases and waits, so a dead owner's key frees within a run.
+const IDEMPOTENCY: &str = "  lease: 1s\n  wait_timeout: 1500ms\n";
+
+fn gateway_yaml(store: &str, idempotency: &str) -> String {
     format!(
         "server:\n  listen: {{listen}}\n  shutdown_timeout: 5s\nstore:\n{store}  timeout: 500ms\n\
          upstreams:\n  app:\n    url: {{upstream}}\n    timeout: 3s\n\
-         idempotency:\n  lease: 1s\n  wait_timeout: 1500ms\n\
+         idempotency:\n{idempotency}\
          routes:\n  - id: writes\n    method: POST\n    path: /writes\n    upstream: app\n    \
          policy: required\n    scope: global\n"
     )
 }
 
 async fn start_gateway(up: &CheckerUpstream, store: &str) -> Gateway {
+    start_gateway_with(up, store, IDEMPOTENCY).await
+}
+
+async fn start_gateway_with(up: &CheckerUpstream, store: &str, idempotency: &str) -> Gateway {
     // The harness fills `{upstream}` from a demo `Upstream`; this one only lends the address.
     let lend = Upstream {
         addr: up.addr,
         counts: Arc::default(),
     };
-    Gateway::start_full(&lend, &gateway_yaml(store), &[], &[]).await
+    Gateway::start_full(&lend, &gateway_yaml(store, idempotency), &[], &[]).await
+}
+
+/// A Redis server of the test's own behind a fault proxy, the checker's upstream, and the
+/// gateway's store block for them; `None` (skipped) without Redis.
+async fn redis_behind_a_proxy() -> Option<(RedisServer, CheckerUpstream, FaultProxy, String)> {
+    redis_url()?;
+    let redis = RedisServer::start().await?;
+    let up = CheckerUpstream::start(Instant::now()).await;
+    let proxy = FaultProxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], redis.port))).await;
+    let store = format!("  kind: redis\n  url: \"redis://127.0.0.1:{}/\"\n", proxy.port);
+    Some((redis, up, proxy, store))
 }
 
 /// Runs the clients and the nemesis, heals, runs the final phase, and judges.
@@ -443,20 +461,49 @@ async fn checker_flags_duplicates_between_gateways_that_share_no_store() {
     );
 }
 
+/// A client that gives up while its `begin` is on its way to Redis leaves no reservation
+/// behind: its retry executes as soon as the abandoned call has answered, not a lease later
+/// (`begin_call.rs` in the core), and the upstream runs once. Before, the retry waited out the
+/// 60 s lease and got 409 `request-in-flight` at its 5 s wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_mid_begin_leaves_no_reservation_on_redis() {
+    let Some((_redis, up, proxy, store)) = redis_behind_a_proxy().await else {
+        return;
+    };
+    let gw = start_gateway_with(&up, &store, "  lease: 60s\n  wait_timeout: 5s\n").await;
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let write = |key: &str, timeout: Duration| {
+        http.post(format!("http://{}/writes", gw.addr))
+            .header("idempotency-key", key)
+            .body("{}")
+            .timeout(timeout)
+            .send()
+    };
+    assert_eq!(write("warm", Duration::from_secs(5)).await.unwrap().status(), 201);
+    // 300 ms there and back, inside the store's 500 ms timeout: the call is cut off by the
+    // client, not by the store.
+    proxy.set(Fault::Delay(Duration::from_millis(150)));
+    assert!(
+        write("gone", Duration::from_millis(50)).await.is_err(),
+        "the client gave up before its begin was answered"
+    );
+    proxy.set(Fault::Pass);
+    let started = Instant::now();
+    let retry = write("gone", Duration::from_secs(10)).await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(retry.status(), 201, "the retry executes");
+    assert!(took < Duration::from_secs(4), "the retry waited {took:?}");
+    assert_eq!(up.execs.of("t-*:*:*:gone").len(), 1, "the upstream ran once");
+}
+
 /// A finding of the checker, held: after a fault on the way to Redis is lifted, the next
 /// request is served at once. Requests kept failing for a full store timeout after the heal
 /// while the connection manager slept in a reconnect backoff begun during the fault.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_serves_at_once_when_a_fault_is_lifted() {
-    if redis_url().is_none() {
-        return;
-    }
-    let Some(redis) = RedisServer::start().await else {
+    let Some((_redis, up, proxy, store)) = redis_behind_a_proxy().await else {
         return;
     };
-    let up = CheckerUpstream::start(Instant::now()).await;
-    let proxy = FaultProxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], redis.port))).await;
-    let store = format!("  kind: redis\n  url: \"redis://127.0.0.1:{}/\"\n", proxy.port);
     let gw = start_gateway(&up, &store).await;
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let write = |key: String| {
