@@ -385,10 +385,14 @@ cpu_busy_ticks() {
 # Ticks the VM's host ran something else while a CPU of ours wanted to run (steal). Nothing on
 # this machine shows up for them, yet every process here ran slower meanwhile.
 cpu_steal_ticks() { awk '/^cpu / { print $9 + 0; exit }' /proc/stat; }
-# utime+stime ticks of a process and its direct children
+# utime+stime ticks of a process and its live direct children, plus cutime+cstime: what its
+# children that ended and were reaped used. Without those, a PostgreSQL backend or autovacuum
+# worker that exits during a run takes its CPU out of the count, and the run reads it as foreign.
 proc_ticks() {
   local t=0 p v
-  for p in "$1" $(pgrep -P "$1" 2>/dev/null || true); do
+  v="$(awk '{ sub(/^.*\) /, ""); print $12 + $13 + $14 + $15 }' "/proc/$1/stat" 2>/dev/null || true)"
+  t=$((t + ${v:-0}))
+  for p in $(pgrep -P "$1" 2>/dev/null || true); do
     v="$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$p/stat" 2>/dev/null || true)"
     t=$((t + ${v:-0}))
   done
