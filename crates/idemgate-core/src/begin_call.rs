@@ -9,11 +9,14 @@
 //! connection cut off mid-statement is also closed rather than returned to its pool.)
 //!
 //! So a [`BeginCall`] dropped unfinished moves the call to a task of its own, and an answer
-//! nobody will read that acquired the key releases it at once. A call that timed out or lost
-//! its connection may have taken effect just the same; its attempt is over, so it releases its
-//! token too. Nothing was executed, so freeing
-//! the key is exactly right: the retry executes. Like `detach.rs` in the gateway, the call is
-//! polled in place and costs a task only when its caller goes away.
+//! nobody will read that acquired the key (or that failed, and so may have) releases its token.
+//! Nothing was executed, so freeing the key is exactly right: the retry executes. Like
+//! `detach.rs` in the gateway, the call is polled in place and costs a task only when its
+//! caller goes away.
+//!
+//! A call that fails while its caller is still there is left alone: the caller may forward the
+//! request without deduplication (`on_store_error: fail_open`), and a reservation the call may
+//! have made then keeps duplicates off while that runs, until its lease ends.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -72,36 +75,15 @@ impl<S: Store> Future for BeginCall<S> {
     type Output = Result<Begin, StoreError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let Some(call) = self.running.as_mut() else {
+        // Out while it is polled: a call that panics is then gone, not finished by `drop`.
+        let Some(mut call) = self.running.take() else {
             panic!("BeginCall polled after it finished");
         };
-        let answer = std::task::ready!(call.as_mut().poll(cx));
-        self.running = None;
-        if matches!(answer, Err(StoreError::Timeout | StoreError::Backend(_))) {
-            // Timed out or cut off, the call may still have taken effect (the script reached
-            // Redis, the commit went through before the reply was lost). This attempt will
-            // never execute, so its token is released: a no-op if nothing was reserved, and
-            // ordered after the begin on Redis's one connection; PostgreSQL's
-            // `statement_timeout` has already cancelled a statement still running.
-            self.release_later();
+        let answer = call.as_mut().poll(cx);
+        if answer.is_pending() {
+            self.running = Some(call);
         }
-        Poll::Ready(answer)
-    }
-}
-
-impl<S: Store> BeginCall<S> {
-    /// Releases this attempt's token in a task of its own (nobody waits for it).
-    fn release_later(&mut self) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (store, key, token) = (self.store.clone(), std::mem::take(&mut self.key), self.token);
-        runtime.spawn(async move {
-            if let Err(e) = store.release(&key, token).await {
-                // Not fatal: the lease runs out as if the owner had died.
-                tracing::warn!(error = %e, "releasing an abandoned attempt's key failed");
-            }
-        });
+        answer
     }
 }
 
@@ -116,7 +98,8 @@ impl<S: Store> Drop for BeginCall<S> {
         };
         let (store, key, token) = (self.store.clone(), std::mem::take(&mut self.key), self.token);
         runtime.spawn(async move {
-            // Acquired for nobody, or possibly so (cut off): the token goes, as above.
+            // Acquired for nobody, or failed and so perhaps acquired: nobody will execute or
+            // forward this request, so its token goes (a no-op if nothing was reserved).
             if matches!(
                 call.await,
                 Ok(Begin::Acquired { .. }) | Err(StoreError::Timeout | StoreError::Backend(_))

@@ -322,7 +322,9 @@ impl<S: Store> Engine<S> {
             };
             // A call that can be cut off mid-way (a networked store, or a reservation that
             // must reach the disk) runs to its end even if this request is dropped
-            // (`begin_call.rs`); the rest decide on the first poll.
+            // (`begin_call.rs`). The memory store and the embedded store's takeover routes
+            // decide on this task; the embedded store waits on its writer there only to replace
+            // a dead record, which this does not cover.
             let answer = if self.store.remote() || !req.takeover {
                 BeginCall::new(&self.store, key, &req).await
             } else {

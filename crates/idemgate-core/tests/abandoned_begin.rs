@@ -6,7 +6,6 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::TestStore;
@@ -23,33 +22,6 @@ async fn a_networked_begin_dropped_mid_call_frees_the_key() {
 #[tokio::test]
 async fn a_reservation_that_may_not_be_taken_over_is_freed_too() {
     freed_after_a_dropped_begin(false, LeaseExpiry::Fail).await;
-}
-
-/// The store's own timeout ended the call, but the script or statement had reached the server:
-/// the attempt is over, so its token is released.
-#[tokio::test]
-async fn a_begin_that_timed_out_after_taking_effect_frees_the_key() {
-    let store = Arc::new(TestStore {
-        remote: true,
-        time_out_begin: AtomicBool::new(true),
-        ..TestStore::new()
-    });
-    let engine = Engine::new(store.clone());
-    let policy = long_lease(LeaseExpiry::Fail);
-    let fp = Fingerprint([8; 32]);
-    assert!(
-        engine.begin("k", "r", fp, &policy).await.is_err(),
-        "the store timed out"
-    );
-    assert!(
-        matches!(
-            store.inner.get("k", now_millis()).await.unwrap().map(|r| r.state),
-            Some(RecordState::InFlight { .. })
-        ),
-        "the begin took effect all the same"
-    );
-    store.time_out_begin.store(false, Ordering::SeqCst);
-    retry_executes(&engine, fp, &policy).await;
 }
 
 fn long_lease(on_lease_expiry: LeaseExpiry) -> Policy {

@@ -2,7 +2,7 @@
 //! other stores at the moments those tests are about.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idemgate_core::memory::MemoryStore;
@@ -24,8 +24,6 @@ pub struct TestStore {
     /// `begin` takes effect at once and answers only this long after, like a networked store
     /// whose reply is still on the wire.
     pub reply_after: Duration,
-    /// `begin` takes effect, then reports that it timed out (a reply that never came back).
-    pub time_out_begin: AtomicBool,
 }
 
 impl TestStore {
@@ -36,7 +34,6 @@ impl TestStore {
             remote: false,
             early_wake: false,
             reply_after: Duration::ZERO,
-            time_out_begin: AtomicBool::new(false),
         }
     }
 }
@@ -47,9 +44,6 @@ impl Store for TestStore {
         let answer = self.inner.begin(key, req).await;
         if !self.reply_after.is_zero() {
             tokio::time::sleep(self.reply_after).await;
-        }
-        if self.time_out_begin.load(Ordering::SeqCst) {
-            return Err(StoreError::Timeout);
         }
         answer
     }
