@@ -33,22 +33,25 @@ type Call = Pin<Box<dyn Future<Output = Result<Begin, StoreError>> + Send>>;
 pub(crate) struct BeginCall<S: Store> {
     running: Option<Call>,
     store: Arc<S>,
-    key: String,
+    /// Shared with the call, which needs it too.
+    key: Arc<str>,
     token: LeaseToken,
 }
 
 impl<S: Store> BeginCall<S> {
     pub(crate) fn new(store: &Arc<S>, key: &str, req: &BeginRequest<'_>) -> Self {
+        let key: Arc<str> = key.into();
+        let (inner, call_key) = (store.clone(), key.clone());
         let (route, operation_id) = (req.route.to_owned(), req.operation_id.to_owned());
-        let (inner, owned_key, copy) = (store.clone(), key.to_owned(), req.clone());
-        let (fingerprint, token, lease_ms, retention_ms, takeover, now) = (
-            copy.fingerprint,
-            copy.token,
-            copy.lease_ms,
-            copy.retention_ms,
-            copy.takeover,
-            copy.now,
-        );
+        let BeginRequest {
+            fingerprint,
+            token,
+            lease_ms,
+            retention_ms,
+            takeover,
+            now,
+            ..
+        } = *req;
         let call = async move {
             let req = BeginRequest {
                 fingerprint,
@@ -60,13 +63,13 @@ impl<S: Store> BeginCall<S> {
                 takeover,
                 now,
             };
-            inner.begin(&owned_key, &req).await
+            inner.begin(&call_key, &req).await
         };
         Self {
             running: Some(Box::pin(call)),
             store: store.clone(),
-            key: key.to_owned(),
-            token: req.token,
+            key,
+            token,
         }
     }
 }
@@ -96,7 +99,7 @@ impl<S: Store> Drop for BeginCall<S> {
             // No runtime left to finish it on (the process is ending): the lease runs out.
             return;
         };
-        let (store, key, token) = (self.store.clone(), std::mem::take(&mut self.key), self.token);
+        let (store, key, token) = (self.store.clone(), self.key.clone(), self.token);
         runtime.spawn(async move {
             // Acquired for nobody, or failed and so perhaps acquired: nobody will execute or
             // forward this request, so its token goes (a no-op if nothing was reserved).

@@ -184,11 +184,12 @@ impl World {
     }
 }
 
-/// The gateway configuration: one `required` route, a short lease so that takeovers happen
-/// within the run, and short store and wait bounds so that faults end in answers.
-/// The checker's gateway: short leases and waits, so a dead owner's key frees within a run.
+/// The checker's lease and wait: short, so that takeovers happen within the run and waits end
+/// in answers.
 const IDEMPOTENCY: &str = "  lease: 1s\n  wait_timeout: 1500ms\n";
 
+/// The gateway configuration: one `required` route, a short store bound so that faults end in
+/// answers, and the `idempotency` block given.
 fn gateway_yaml(store: &str, idempotency: &str) -> String {
     format!(
         "server:\n  listen: {{listen}}\n  shutdown_timeout: 5s\nstore:\n{store}  timeout: 500ms\n\
