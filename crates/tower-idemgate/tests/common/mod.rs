@@ -6,7 +6,6 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use idemgate_core::store::Store;
@@ -37,17 +36,19 @@ pub fn http() -> reqwest::Client {
 }
 
 /// A monotonically increasing count that tests can wait on.
+///
+/// The count lives in the watch channel alone: bumped under its lock, so two concurrent bumps
+/// cannot publish out of order (a separate atomic counter published with `send_replace` could
+/// leave the channel at 39 after the 40th bump, and a waiter for 40 waiting forever).
 #[derive(Debug)]
 pub struct Counter {
     tx: watch::Sender<u64>,
-    n: AtomicU64,
 }
 
 impl Default for Counter {
     fn default() -> Self {
         Self {
             tx: watch::channel(0).0,
-            n: AtomicU64::new(0),
         }
     }
 }
@@ -55,13 +56,16 @@ impl Default for Counter {
 impl Counter {
     /// Adds one; returns the new count.
     pub fn bump(&self) -> u64 {
-        let n = self.n.fetch_add(1, Ordering::SeqCst) + 1;
-        self.tx.send_replace(n);
+        let mut n = 0;
+        self.tx.send_modify(|v| {
+            *v += 1;
+            n = *v;
+        });
         n
     }
 
     pub fn get(&self) -> u64 {
-        self.n.load(Ordering::SeqCst)
+        *self.tx.borrow()
     }
 
     /// Waits (by notification, bounded) until the count is at least `n`.
