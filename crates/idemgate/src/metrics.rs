@@ -95,6 +95,8 @@ struct Hot {
     cache_miss: OnceLock<Counter>,
     /// The first replayed status seen; replays of a route nearly always share it.
     cache_hit: OnceLock<(u16, Counter)>,
+    /// Requests without a key, by the first policy class seen (a route's own, nearly always).
+    key_missing: OnceLock<(&'static str, Counter)>,
     upstream_seconds: OnceLock<Histogram>,
 }
 
@@ -277,7 +279,13 @@ impl Metrics {
             });
         }
         if log.key_missing {
-            inc(&self.key_missing, Some(("class", Cow::Borrowed(log.policy))));
+            // Every keyless request on an `accepted` route lands here: a cached handle spares
+            // hashing its label set each time.
+            let missing = || series(&self.key_missing, Some(("class", Cow::Borrowed(log.policy))));
+            match hot.map(|h| h.key_missing.get_or_init(|| (log.policy, missing()))) {
+                Some((class, counter)) if *class == log.policy => counter.inc(),
+                _ => missing().inc(),
+            };
         }
         match log.outcome {
             "replayed" | "recovered" => {
@@ -430,6 +438,19 @@ mod tests {
             // Callers without a tenant (no identity configured): the caller-free series.
             request("", "executed", 201);
             request("", "executed", 201);
+            // Keyless requests: the cached handle takes the first class, the family the rest.
+            let keyless = |tenant: &str, class: &'static str| {
+                let mut log = AccessLog::new(&http::Method::POST);
+                log.endpoint = "r".into();
+                log.tenant = tenant.into();
+                log.policy = class;
+                log.key_missing = true;
+                metrics.observe(&log, 201);
+            };
+            keyless("", "accepted");
+            keyless("", "accepted");
+            keyless("", "recovery");
+            keyless("acme", "accepted");
             metrics.store_latency("begin", 0.001);
             metrics.store_latency("begin", 0.001);
             metrics.store_latency("release", 0.001);
@@ -448,6 +469,9 @@ mod tests {
                     "idempotency_cache_hit_total{tenant=\"acme\",endpoint=\"r\",status=\"200\"} 1",
                     "idempotency_key_present_total{endpoint=\"r\",case=\"A\"} 2",
                     "idempotency_cache_miss_total{endpoint=\"r\"} 2",
+                    "idempotency_key_missing_total{endpoint=\"r\",class=\"accepted\"} 2",
+                    "idempotency_key_missing_total{endpoint=\"r\",class=\"recovery\"} 1",
+                    "idempotency_key_missing_total{tenant=\"acme\",endpoint=\"r\",class=\"accepted\"} 1",
                 ]);
             } else {
                 expected.extend([
@@ -455,6 +479,8 @@ mod tests {
                     "idempotency_cache_miss_total{endpoint=\"r\"} 4",
                     "idempotency_cache_hit_total{endpoint=\"r\",status=\"201\"} 1",
                     "idempotency_cache_hit_total{endpoint=\"r\",status=\"200\"} 1",
+                    "idempotency_key_missing_total{endpoint=\"r\",class=\"accepted\"} 3",
+                    "idempotency_key_missing_total{endpoint=\"r\",class=\"recovery\"} 1",
                 ]);
             }
             for line in expected {
