@@ -23,6 +23,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use tokio_util::task::TaskTracker;
+
 use crate::record::LeaseToken;
 use crate::rules::{Begin, BeginRequest};
 use crate::store::{Store, StoreError};
@@ -33,13 +35,15 @@ type Call = Pin<Box<dyn Future<Output = Result<Begin, StoreError>> + Send>>;
 pub(crate) struct BeginCall<S: Store> {
     running: Option<Call>,
     store: Arc<S>,
+    /// Where the call goes if its caller does (the engine's background tasks).
+    tasks: TaskTracker,
     /// Shared with the call, which needs it too.
     key: Arc<str>,
     token: LeaseToken,
 }
 
 impl<S: Store> BeginCall<S> {
-    pub(crate) fn new(store: &Arc<S>, key: &str, req: &BeginRequest<'_>) -> Self {
+    pub(crate) fn new(store: &Arc<S>, tasks: &TaskTracker, key: &str, req: &BeginRequest<'_>) -> Self {
         let key: Arc<str> = key.into();
         let (inner, call_key) = (store.clone(), key.clone());
         let (route, operation_id) = (req.route.to_owned(), req.operation_id.to_owned());
@@ -68,6 +72,7 @@ impl<S: Store> BeginCall<S> {
         Self {
             running: Some(Box::pin(call)),
             store: store.clone(),
+            tasks: tasks.clone(),
             key,
             token,
         }
@@ -100,7 +105,8 @@ impl<S: Store> Drop for BeginCall<S> {
             return;
         };
         let (store, key, token) = (self.store.clone(), self.key.clone(), self.token);
-        runtime.spawn(async move {
+        // Tracked, so that a shutdown waits for the release instead of cutting it off.
+        runtime.spawn(self.tasks.track_future(async move {
             // Acquired for nobody, or failed and so perhaps acquired: nobody will execute or
             // forward this request, so its token goes (a no-op if nothing was reserved).
             if matches!(
@@ -111,6 +117,6 @@ impl<S: Store> Drop for BeginCall<S> {
                 // Not fatal: the lease runs out as if the owner had died.
                 tracing::warn!(error = %e, "releasing an abandoned attempt's key failed");
             }
-        });
+        }));
     }
 }

@@ -16,6 +16,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio_util::task::TaskTracker;
+
 use crate::begin_call::BeginCall;
 use crate::fingerprint::Fingerprint;
 use crate::lead::{Lead, Leads, Taken};
@@ -202,6 +204,8 @@ pub struct Engine<S> {
     renewer: Arc<Renewer<S>>,
     /// Keys a request of this process is asking the store about or executing (`lead.rs`).
     leads: Arc<Leads>,
+    /// Store calls that outlive the request that made them (`begin_call.rs`).
+    background: TaskTracker,
 }
 
 impl<S> Clone for Engine<S> {
@@ -210,7 +214,27 @@ impl<S> Clone for Engine<S> {
             store: self.store.clone(),
             renewer: self.renewer.clone(),
             leads: self.leads.clone(),
+            background: self.background.clone(),
         }
+    }
+}
+
+impl<S> Engine<S> {
+    /// Store calls still running for requests that are gone: the `begin` of a client that
+    /// disconnected mid-call, finishing so that a key it took for nobody is released
+    /// (`begin_call.rs`). At shutdown, `close` it and `wait` (bounded) after the last request, so
+    /// that such a release is not cut off and the client's retry does not wait out a lease.
+    #[must_use]
+    pub fn background(&self) -> &TaskTracker {
+        &self.background
+    }
+
+    /// Tracks the background calls on `tracker` (the one a server already waits on at shutdown)
+    /// instead of a tracker of the engine's own.
+    #[must_use]
+    pub fn with_background(mut self, tracker: TaskTracker) -> Self {
+        self.background = tracker;
+        self
     }
 }
 
@@ -221,6 +245,7 @@ impl<S: Store> Engine<S> {
             renewer: Renewer::new(store.clone()),
             store,
             leads: Arc::default(),
+            background: TaskTracker::new(),
         }
     }
 
@@ -326,7 +351,7 @@ impl<S: Store> Engine<S> {
             // decide on this task; the embedded store waits on its writer there only to replace
             // a dead record, which this does not cover.
             let answer = if self.store.remote() || !req.takeover {
-                BeginCall::new(&self.store, key, &req).await
+                BeginCall::new(&self.store, &self.background, key, &req).await
             } else {
                 self.store.begin(key, &req).await
             };

@@ -24,6 +24,34 @@ async fn a_reservation_that_may_not_be_taken_over_is_freed_too() {
     freed_after_a_dropped_begin(false, LeaseExpiry::Fail).await;
 }
 
+/// A shutdown that waits on the engine's background tasks does not cut the release off: once
+/// the wait returns, the key is free, without any request asking for it again.
+#[tokio::test]
+async fn a_shutdown_waits_for_the_release_of_an_abandoned_begin() {
+    let store = Arc::new(TestStore {
+        reply_after: Duration::from_millis(300),
+        remote: true,
+        ..TestStore::new()
+    });
+    let engine = Engine::new(store.clone());
+    let policy = long_lease(LeaseExpiry::Fail);
+    let first = tokio::time::timeout(
+        Duration::from_millis(50),
+        engine.begin("k", "r", Fingerprint([7; 32]), &policy),
+    )
+    .await;
+    assert!(first.is_err(), "the request was dropped mid-begin");
+    // What the gateway does after its last request: close, then wait (bounded).
+    engine.background().close();
+    tokio::time::timeout(Duration::from_secs(10), engine.background().wait())
+        .await
+        .expect("the background release finished");
+    assert!(
+        store.inner.get("k", now_millis()).await.unwrap().is_none(),
+        "the key is free once the wait returns"
+    );
+}
+
 fn long_lease(on_lease_expiry: LeaseExpiry) -> Policy {
     Policy {
         // Far longer than the test: only a release frees the key in time.

@@ -75,12 +75,15 @@ impl Gateway {
             config.routes.iter().map(|r| r.id.as_str()),
             config.metrics.tenant_labels,
         ));
+        // One tracker for executions and for store calls finishing after their client left
+        // (a key such a call took for nobody is released by it): shutdown waits on both.
+        let tasks = TaskTracker::new();
         Self {
             metrics,
             config,
-            engine: Engine::new(Arc::new(store)),
+            engine: Engine::new(Arc::new(store)).with_background(tasks.clone()),
             client,
-            tasks: TaskTracker::new(),
+            tasks,
         }
     }
 

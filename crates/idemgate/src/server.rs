@@ -2,7 +2,8 @@
 //!
 //! On the shutdown signal it stops accepting, lets open connections finish their current
 //! request, then waits for executions still running upstream so that each one completes or
-//! releases its record. Both waits are bounded by `server.shutdown_timeout`.
+//! releases its record, and for store calls finishing for clients that went away (a key such a
+//! call took for nobody is released). Both waits are bounded by `server.shutdown_timeout`.
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -135,3 +135,35 @@ async fn sigterm_finishes_in_flight_requests_and_records_them() {
     );
     assert_eq!(up.executions(&k), 1);
 }
+
+/// Shutdown waits on the gateway's task tracker (`server.rs`); the store calls that finish for
+/// clients that went away mid-`begin` (`Engine::background`, which release a key taken for
+/// nobody) are on that same tracker, so a shutdown does not cut them off.
+#[tokio::test]
+async fn shutdown_waits_for_store_calls_of_clients_that_left() {
+    let config = idemgate::config::Config::from_yaml(
+        "server:\n  listen: 127.0.0.1:0\nstore:\n  kind: memory\nupstreams:\n  app:\n    url: http://127.0.0.1:9\n\
+         routes:\n  - id: all\n    method: POST\n    path: /**\n    upstream: app\n    policy: accepted\n    scope: global\n",
+    )
+    .unwrap();
+    let store = idemgate::store::AnyStore::open(&config.store).unwrap();
+    let gateway = idemgate::proxy::Gateway::new(config, store);
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    gateway.engine().background().spawn(async move {
+        let _ = released.await;
+    });
+    assert_eq!(gateway.tasks().len(), 1, "one tracker for both");
+    gateway.tasks().close();
+    let wait = gateway.tasks().wait();
+    tokio::pin!(wait);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), &mut wait)
+            .await
+            .is_err(),
+        "the wait holds while the store call runs"
+    );
+    release.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .expect("and ends with it");
+}

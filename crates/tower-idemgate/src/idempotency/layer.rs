@@ -247,9 +247,12 @@ impl<St, P: Clone> IdempotencyLayer<St, P> {
 
     /// Spawns executions on `tracker`, so that a graceful shutdown can wait for every
     /// execution still running to complete or release its record:
-    /// `tracker.close(); tracker.wait().await` after the server stopped accepting.
+    /// `tracker.close(); tracker.wait().await` after the server stopped accepting. The store
+    /// calls of clients that went away mid-`begin` (which release a key taken for nobody) are
+    /// tracked there too.
     #[must_use]
-    pub fn task_tracker(self, tracker: tokio_util::task::TaskTracker) -> Self {
+    pub fn task_tracker(mut self, tracker: tokio_util::task::TaskTracker) -> Self {
+        self.engine = self.engine.with_background(tracker.clone());
         self.with(|c| c.tasks = Some(tracker))
     }
 
