@@ -321,3 +321,25 @@ impl<S, St, P> Layer<S> for IdempotencyLayer<St, P> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tracker a server drains at shutdown also holds the engine's background store calls
+    /// (an abandoned `begin` releasing a key taken for nobody).
+    #[tokio::test]
+    async fn the_task_tracker_also_tracks_abandoned_begins() {
+        let tracker = tokio_util::task::TaskTracker::new();
+        let layer = IdempotencyLayer::new(Arc::new(idemgate_core::MemoryStore::new(1 << 20)))
+            .task_tracker(tracker.clone());
+        let (done, finished) = tokio::sync::oneshot::channel::<()>();
+        layer.engine.background().spawn(async move {
+            let _ = finished.await;
+        });
+        assert_eq!(tracker.len(), 1);
+        done.send(()).unwrap();
+        tracker.close();
+        tracker.wait().await;
+    }
+}
