@@ -281,19 +281,15 @@ impl Metrics {
         if log.key_missing {
             // Every keyless request on an `accepted` route lands here: a cached handle spares
             // hashing its label set each time.
-            let missing = || series(&self.key_missing, Some(("class", Cow::Borrowed(log.policy))));
-            match hot.map(|h| h.key_missing.get_or_init(|| (log.policy, missing()))) {
-                Some((class, counter)) if *class == log.policy => counter.inc(),
-                _ => missing().inc(),
-            };
+            count_first(hot.map(|h| &h.key_missing), log.policy, || {
+                series(&self.key_missing, Some(("class", Cow::Borrowed(log.policy))))
+            });
         }
         match log.outcome {
             "replayed" | "recovered" => {
-                let hit = || series(&self.cache_hit, Some(("status", status_label(status))));
-                match hot.map(|h| h.cache_hit.get_or_init(|| (status, hit()))) {
-                    Some((first, counter)) if *first == status => counter.inc(),
-                    _ => hit().inc(),
-                };
+                count_first(hot.map(|h| &h.cache_hit), status, || {
+                    series(&self.cache_hit, Some(("status", status_label(status))))
+                });
                 bump(|s| &s.cache_hits);
             }
             "executed" => {
@@ -392,6 +388,20 @@ fn count(slot: Option<&OnceLock<Counter>>, series: impl FnOnce() -> Counter) {
     match slot {
         Some(slot) => slot.get_or_init(series).inc(),
         None => series().inc(),
+    };
+}
+
+/// Counts one on the cached handle when it was made for this label value (the first one seen:
+/// a route's replays nearly always share a status, its keyless requests a class), else on the
+/// family's series.
+fn count_first<T: PartialEq + Copy>(
+    slot: Option<&OnceLock<(T, Counter)>>,
+    value: T,
+    series: impl Fn() -> Counter,
+) {
+    match slot.map(|slot| slot.get_or_init(|| (value, series()))) {
+        Some((first, counter)) if *first == value => counter.inc(),
+        _ => series().inc(),
     };
 }
 
