@@ -32,18 +32,21 @@ use crate::store::{Store, StoreError};
 type Call = Pin<Box<dyn Future<Output = Result<Begin, StoreError>> + Send>>;
 
 /// `store.begin(key, req)`, released if it acquires the key after its caller went away.
-pub(crate) struct BeginCall<S: Store> {
+///
+/// The store and the tracker are borrowed from the engine: only a call whose caller went away
+/// needs its own handles, and takes them in `drop`.
+pub(crate) struct BeginCall<'a, S: Store> {
     running: Option<Call>,
-    store: Arc<S>,
+    store: &'a Arc<S>,
     /// Where the call goes if its caller does (the engine's background tasks).
-    tasks: TaskTracker,
+    tasks: &'a TaskTracker,
     /// Shared with the call, which needs it too.
     key: Arc<str>,
     token: LeaseToken,
 }
 
-impl<S: Store> BeginCall<S> {
-    pub(crate) fn new(store: &Arc<S>, tasks: &TaskTracker, key: &str, req: &BeginRequest<'_>) -> Self {
+impl<'a, S: Store> BeginCall<'a, S> {
+    pub(crate) fn new(store: &'a Arc<S>, tasks: &'a TaskTracker, key: &str, req: &BeginRequest<'_>) -> Self {
         let key: Arc<str> = key.into();
         let (inner, call_key) = (store.clone(), key.clone());
         let (route, operation_id) = (req.route.to_owned(), req.operation_id.to_owned());
@@ -71,15 +74,15 @@ impl<S: Store> BeginCall<S> {
         };
         Self {
             running: Some(Box::pin(call)),
-            store: store.clone(),
-            tasks: tasks.clone(),
+            store,
+            tasks,
             key,
             token,
         }
     }
 }
 
-impl<S: Store> Future for BeginCall<S> {
+impl<S: Store> Future for BeginCall<'_, S> {
     type Output = Result<Begin, StoreError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -95,7 +98,7 @@ impl<S: Store> Future for BeginCall<S> {
     }
 }
 
-impl<S: Store> Drop for BeginCall<S> {
+impl<S: Store> Drop for BeginCall<'_, S> {
     fn drop(&mut self) {
         let Some(call) = self.running.take() else {
             return;
