@@ -52,13 +52,11 @@ fn assert_acquired(b: &Begin) {
     );
 }
 
-/// N concurrent begins on one key: exactly one acquires, the rest see it in flight.
-pub async fn concurrent_begin_race<S: Store>(store: Arc<S>) {
-    let key = unique_key("race");
-    let now = now_millis();
+/// 32 begins on `key` at once, each with a token of its own, all at `now`.
+async fn begins_at_once<S: Store>(store: &Arc<S>, key: &str, now: Millis) -> Vec<Begin> {
     let tasks: Vec<_> = (0..32)
         .map(|_| {
-            let (store, key) = (store.clone(), key.clone());
+            let (store, key) = (store.clone(), key.to_owned());
             tokio::spawn(async move {
                 store
                     .begin(&key, &req(LeaseToken::random(), fp(1), now, true))
@@ -66,15 +64,50 @@ pub async fn concurrent_begin_race<S: Store>(store: Arc<S>) {
             })
         })
         .collect();
-    let mut acquired = 0;
+    let mut answers = Vec::new();
     for t in tasks {
-        match t.await.expect("task").expect("begin") {
+        answers.push(t.await.expect("task").expect("begin"));
+    }
+    answers
+}
+
+/// N concurrent begins on one key: exactly one acquires, the rest see it in flight.
+pub async fn concurrent_begin_race<S: Store>(store: Arc<S>) {
+    let key = unique_key("race");
+    let mut acquired = 0;
+    for answer in begins_at_once(&store, &key, now_millis()).await {
+        match answer {
             Begin::Acquired { .. } => acquired += 1,
             Begin::InFlight { .. } => {}
             other => panic!("unexpected {other:?}"),
         }
     }
     assert_eq!(acquired, 1, "exactly one begin acquires");
+}
+
+/// 32 concurrent begins find the same dead owner (its lease over): exactly one takes the key
+/// over, every other sees the new owner in flight, and the dead owner is fenced.
+pub async fn concurrent_takeover_race<S: Store>(store: Arc<S>) {
+    let key = unique_key("takeover-race");
+    let now = now_millis();
+    let dead = LeaseToken::random();
+    assert_acquired(&store.begin(&key, &req(dead, fp(1), now, true)).await.unwrap());
+    let later = now + 1_001;
+    let mut took_over = 0;
+    for answer in begins_at_once(&store, &key, later).await {
+        match answer {
+            Begin::Acquired {
+                took_over: true,
+                generation: 2,
+                ..
+            } => took_over += 1,
+            Begin::InFlight { lease_until, .. } => assert_eq!(lease_until, later + 1_000),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(took_over, 1, "exactly one begin takes the key over");
+    let err = store.complete(&key, dead, response(b"late"), 60_000, later).await;
+    assert!(matches!(err, Err(StoreError::Fenced(_))), "dead owner: {err:?}");
 }
 
 /// Complete, then the same fingerprint replays and another one is a mismatch.
@@ -372,7 +405,7 @@ pub async fn waiters_woken_on_complete_and_release<S: Store>(store: Arc<S>) {
 macro_rules! store_conformance {
     ($make:expr) => {
         $crate::store_conformance!(@tests $make;
-            concurrent_begin_race, replay_and_mismatch, lease_expiry_takeover_and_fencing,
+            concurrent_begin_race, concurrent_takeover_race, replay_and_mismatch, lease_expiry_takeover_and_fencing,
             no_takeover_records_never_expire, renew_extends_lease, release_frees_key, retention_expiry,
             retried_operations_are_idempotent, large_values, purge,
             waiters_woken_on_complete_and_release);

@@ -2,7 +2,7 @@
 //! each, and the [`conformance`] suite that every store (memory included) must pass.
 //!
 //! - `embedded` (feature `embedded`, default): redb file, durable across `kill -9`.
-//! - `redis` (feature `redis`): Lua scripts over one hash per record; several replicas.
+//! - `redis` (feature `redis`): one string per record, `SET NX GET` and Lua scripts; several replicas.
 //! - `postgres` (feature `postgres`): one row per record; several replicas.
 //!
 //! `docs/stores.md` in the repository explains the choices behind the shared stores.

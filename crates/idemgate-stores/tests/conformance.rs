@@ -72,7 +72,7 @@ mod redis {
         support::two_handles_race_and_wake(a, b).await;
     }
 
-    /// A miss is two round trips: the begin script and the complete script.
+    /// A miss is two round trips: begin's `SET NX GET` and the complete script.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_miss_costs_two_round_trips() {
         let Some(store) = open().await else { return };

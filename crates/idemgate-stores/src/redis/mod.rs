@@ -1,16 +1,20 @@
 //! The Redis store (feature `redis`): records shared by several gateway replicas.
 //!
-//! Layout. One hash per record under `{prefix}:{<namespaced key>}` with the fields `st` (`f` in
-//! flight, `c` completed), `tok` (16-byte lease token), `lease`, `exp`, `created`, `gen`
-//! (decimal milliseconds and counters), `fp` (32-byte fingerprint), `route`, `op`, `resp`
-//! (the encoded response, see [`crate::codec`]) and `w` (someone waits). The braces are a hash
-//! tag: everything a record owns hashes to one slot, and every script touches one key, so the
+//! Layout. One string per record under `{prefix}:{<namespaced key>}`: a fixed header (state,
+//! waiter flag, token, fingerprint, lease, expiry, created, generation), then route, operation
+//! id and, once completed, the encoded response ([`layout`]). The braces are a hash tag:
+//! everything a record owns hashes to one slot, and every command touches one key, so the
 //! layout runs unchanged on Redis Cluster.
 //!
-//! Atomicity. `begin`, `complete`, `release`, `renew` and `purge` are Lua scripts (the `.lua`
-//! files beside this one) that mirror `idemgate_core::rules` line by line, fencing token
-//! included; the conformance suite and the model test hold them to the same answers as the
-//! Rust rules. One script call is one round trip, so a miss costs two (begin, complete).
+//! Atomicity. `begin` is `SET key <new record> NX PXAT <expiry> GET`: on an absent key that is
+//! the whole decision, one command and no script (a Lua call cost Redis about 6 µs on top of the
+//! commands inside it). When a record is there, `SET NX` leaves it and returns it, and
+//! `idemgate_core::rules::begin` decides on it here; a decision that writes (a new owner for an
+//! expired record, or marking that someone waits) is applied by the `swap` script only if the
+//! record's header is unchanged, else `begin` asks again. `complete`, `release`, `renew` and
+//! `purge` are Lua scripts (the `.lua` files beside this one) that mirror the rules line by line,
+//! fencing token included; the conformance suite and the model test hold the store to the same
+//! answers as the Rust rules. A miss costs two round trips (`SET`, `complete`), a replay one.
 //!
 //! Time. The rules compare against the caller's clock (`now`), never Redis's. The physical key
 //! expiry (`PEXPIREAT`) is set [`EXPIRY_GRACE`] after the logical one, so a Redis clock that is
@@ -26,6 +30,7 @@
 //! idempotent for the lease owner (SPEC 10). Nothing connects at construction: a gateway starts
 //! with Redis down and connects when it comes back.
 
+mod layout;
 mod subscriber;
 
 use std::sync::Arc;
@@ -33,15 +38,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use idemgate_core::notify::Notifier;
-use idemgate_core::record::{LeaseToken, Millis, Record, RecordState, StoredResponse};
-use idemgate_core::rules::{Begin, BeginRequest};
+use idemgate_core::record::{LeaseToken, Millis, Record, StoredResponse};
+use idemgate_core::rules::{self, Begin, BeginRequest, Write};
 use idemgate_core::store::{Store, StoreError};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use crate::codec::{corrupt, decode_response, encode_response, fingerprint_from, token_bytes, token_from};
+use crate::codec::{corrupt, encode_response, token_bytes};
 
 /// How long after its logical expiry Redis drops a record's key: a bound on the clock skew
 /// between the gateways and Redis that cannot cost a record.
@@ -87,7 +92,7 @@ pub fn check_url(url: &str) -> Result<(), RedisConfigError> {
 }
 
 struct Scripts {
-    begin: Script,
+    swap: Script,
     complete: Script,
     release: Script,
     renew: Script,
@@ -146,7 +151,7 @@ impl RedisStore {
             channel,
             timeout: config.timeout,
             scripts: Scripts {
-                begin: Script::new(include_str!("begin.lua")),
+                swap: Script::new(include_str!("swap.lua")),
                 complete: Script::new(include_str!("complete.lua")),
                 release: Script::new(include_str!("release.lua")),
                 renew: Script::new(include_str!("renew.lua")),
@@ -239,21 +244,56 @@ impl RedisStore {
         key: &str,
         args: &[&[u8]],
     ) -> Result<T, StoreError> {
+        let key = &self.record_key(key);
+        self.retrying(move |mut conn| async move {
+            let mut invocation = script.key(key);
+            for arg in args {
+                invocation.arg(*arg);
+            }
+            invocation.invoke_async::<T>(&mut conn).await
+        })
+        .await
+    }
+
+    /// `begin`'s one command: writes `value` if the key is absent, and returns what was there.
+    async fn set_nx_get(
+        &self,
+        key: &str,
+        value: &[u8],
+        pexpireat: u64,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let key = &self.record_key(key);
+        self.retrying(move |mut conn| async move {
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(key).arg(value).arg("NX");
+            if pexpireat != 0 {
+                cmd.arg("PXAT").arg(pexpireat);
+            }
+            cmd.arg("GET").query_async(&mut conn).await
+        })
+        .await
+        .map_err(|e| match e {
+            // Redis before 7.0 refuses NX together with GET.
+            StoreError::Backend(e) if e.to_string().contains("syntax error") => StoreError::Backend(
+                "redis refused SET NX GET: the redis store needs Redis 7.0 or later".into(),
+            ),
+            e => e,
+        })
+    }
+
+    /// One round trip, retried on connection failures until the store's timeout.
+    async fn retrying<T, F>(&self, mut send: impl FnMut(ConnectionManager) -> F) -> Result<T, StoreError>
+    where
+        F: Future<Output = Result<T, RedisError>>,
+    {
         let deadline = Instant::now() + self.timeout;
         let attempt = async {
             let mut backoff = Duration::from_millis(10);
             loop {
                 let result = async {
-                    let mut conn = self.conn().await?;
-                    let mut invocation = script.key(self.record_key(key));
-                    for arg in args {
-                        invocation.arg(*arg);
-                    }
+                    let conn = self.conn().await?;
                     self.round_trips.fetch_add(1, Ordering::Relaxed);
-                    invocation
-                        .invoke_async::<T>(&mut conn)
-                        .await
-                        .map_err(StoreError::backend)
+                    send(conn).await.map_err(StoreError::backend)
                 }
                 .await;
                 match result {
@@ -288,17 +328,6 @@ fn pexpireat(expires_at: Millis) -> u64 {
     if expires_at >= FAR { 0 } else { expires_at + grace }
 }
 
-fn num(s: &[u8], what: &'static str) -> Result<u64, StoreError> {
-    std::str::from_utf8(s)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| corrupt(what))
-}
-
-fn text(s: Vec<u8>, what: &'static str) -> Result<String, StoreError> {
-    String::from_utf8(s).map_err(|_| corrupt(what))
-}
-
 fn ack(reply: &str) -> Result<(), StoreError> {
     match reply {
         "ok" => Ok(()),
@@ -307,105 +336,46 @@ fn ack(reply: &str) -> Result<(), StoreError> {
     }
 }
 
-/// Decodes the `begin` script's reply.
-fn begin_answer(reply: Vec<Vec<u8>>, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
-    let mut it = reply.into_iter();
-    let mut next = || it.next().ok_or_else(|| corrupt("short begin reply"));
-    let tag = next()?;
-    Ok(match tag.as_slice() {
-        b"acquired" => Begin::Acquired {
-            operation_id: text(next()?, "operation id")?,
-            generation: num(&next()?, "generation")?,
-            took_over: next()? == b"1",
-        },
-        b"mismatch" => Begin::Mismatch {
-            operation_id: text(next()?, "operation id")?,
-        },
-        b"inflight" => Begin::InFlight {
-            operation_id: text(next()?, "operation id")?,
-            lease_until: num(&next()?, "lease")?,
-        },
-        b"expired" => Begin::LeaseExpired {
-            operation_id: text(next()?, "operation id")?,
-        },
-        b"replay" => {
-            let token = token_from(&next()?)?;
-            let operation_id = text(next()?, "operation id")?;
-            let created_at = num(&next()?, "created")?;
-            let expires_at = num(&next()?, "expiry")?;
-            let generation = num(&next()?, "generation")?;
-            let response = decode_response(&next()?)?;
-            // A replay matched the request's fingerprint and route, so those are the request's.
-            Begin::Replay(Box::new(Record {
-                state: RecordState::Completed { token, response },
-                fingerprint: req.fingerprint,
-                route: req.route.to_owned(),
-                operation_id,
-                created_at,
-                expires_at,
-                generation,
-            }))
-        }
-        _ => return Err(corrupt("unknown begin reply")),
-    })
-}
-
-/// Decodes a record hash (`HGETALL`).
-fn record_from(fields: std::collections::HashMap<String, Vec<u8>>) -> Result<Record, StoreError> {
-    let mut fields = fields;
-    let mut take = |name: &'static str| fields.remove(name).ok_or_else(|| corrupt(name));
-    let token = token_from(&take("tok")?)?;
-    let state = match take("st")?.as_slice() {
-        b"f" => RecordState::InFlight {
-            token,
-            lease_until: num(&take("lease")?, "lease")?,
-        },
-        b"c" => RecordState::Completed {
-            token,
-            response: decode_response(&take("resp")?)?,
-        },
-        _ => return Err(corrupt("unknown record state")),
-    };
-    Ok(Record {
-        state,
-        fingerprint: fingerprint_from(&take("fp")?)?,
-        route: text(take("route")?, "route")?,
-        operation_id: text(take("op")?, "operation id")?,
-        created_at: num(&take("created")?, "created")?,
-        expires_at: num(&take("exp")?, "expiry")?,
-        generation: num(&take("gen")?, "generation")?,
-    })
-}
-
 impl Store for RedisStore {
     async fn begin(&self, key: &str, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
-        let lease_until = req.now + req.lease_ms;
-        // The same expiry rules::begin gives a new record (see `rules::acquire`).
-        let expires_at = if req.takeover {
-            req.now + req.lease_ms.max(req.retention_ms)
-        } else {
-            Millis::MAX
+        // What the rules answer and write for an absent key; `SET NX` writes it only then.
+        let (first, Write::Put(fresh)) = rules::begin(None, req) else {
+            unreachable!("rules::begin always creates a record for an absent key")
         };
-        let (now, lease_until, exp, px) = (
-            req.now.to_string(),
-            lease_until.to_string(),
-            expires_at.to_string(),
-            pexpireat(expires_at).to_string(),
-        );
-        let token = token_bytes(req.token);
-        let args: [&[u8]; 9] = [
-            now.as_bytes(),
-            &token,
-            &req.fingerprint.0,
-            req.route.as_bytes(),
-            req.operation_id.as_bytes(),
-            lease_until.as_bytes(),
-            exp.as_bytes(),
-            px.as_bytes(),
-            if req.takeover { b"1" } else { b"0" },
-        ];
-        let reply: Vec<Vec<u8>> = self.call(&self.scripts.begin, key, &args).await?;
-        begin_answer(reply, req)
+        let value = layout::encode(&fresh)?;
+        let px = pexpireat(fresh.expires_at);
+        // Each call is bounded by the timeout; so are the rounds, which repeat only while
+        // others change the record in between (not one more future around the loop: the
+        // engine's and the tower layer's futures nest this one, and rustc bounds the depth).
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if Instant::now() >= deadline {
+                return Err(StoreError::Timeout);
+            }
+            let Some(raw) = self.set_nx_get(key, &value, px).await? else {
+                return Ok(first);
+            };
+            let found = layout::decode(&raw)?;
+            let (answer, write) = rules::begin(Some(&found.record), req);
+            let (mode, new): (&[u8], _) = match write {
+                Write::Put(record) => (b"put", Some(record)),
+                // A waiter marks the record once, so that its owner publishes the outcome.
+                Write::Keep if matches!(answer, Begin::InFlight { .. }) && !found.waiters => (b"wait", None),
+                Write::Keep => return Ok(answer),
+                Write::Delete => return Err(corrupt("begin never deletes")),
+            };
+            let (new, px) = match new {
+                Some(r) => (layout::encode(&r)?, pexpireat(r.expires_at)),
+                None => (Vec::new(), 0),
+            };
+            let px = px.to_string();
+            let args: [&[u8]; 4] = [&raw[..layout::HEADER], mode, &new, px.as_bytes()];
+            let applied: u8 = self.call(&self.scripts.swap, key, &args).await?;
+            if applied == 1 {
+                return Ok(answer);
+            }
+            // The record changed since `SET` returned it: decide again on the new one.
+        }
     }
 
     async fn complete(
@@ -419,7 +389,7 @@ impl Store for RedisStore {
         let expires_at = now + retention_ms;
         let (now, exp, px) = (
             now.to_string(),
-            expires_at.to_string(),
+            layout::millis(expires_at),
             pexpireat(expires_at).to_string(),
         );
         let token = token_bytes(token);
@@ -446,7 +416,7 @@ impl Store for RedisStore {
 
     async fn renew(&self, key: &str, token: LeaseToken, lease_until: Millis) -> Result<(), StoreError> {
         let token = token_bytes(token);
-        let (until, px) = (lease_until.to_string(), pexpireat(lease_until).to_string());
+        let (until, px) = (layout::millis(lease_until), pexpireat(lease_until).to_string());
         let args: [&[u8]; 3] = [&token, until.as_bytes(), px.as_bytes()];
         let reply: String = self.call(&self.scripts.renew, key, &args).await?;
         ack(&reply)
@@ -456,19 +426,17 @@ impl Store for RedisStore {
         let fetch = async {
             let mut conn = self.conn().await?;
             self.round_trips.fetch_add(1, Ordering::Relaxed);
-            redis::cmd("HGETALL")
+            redis::cmd("GET")
                 .arg(self.record_key(key))
-                .query_async::<std::collections::HashMap<String, Vec<u8>>>(&mut conn)
+                .query_async::<Option<Vec<u8>>>(&mut conn)
                 .await
                 .map_err(StoreError::backend)
         };
-        let fields = tokio::time::timeout(self.timeout, fetch)
+        let raw = tokio::time::timeout(self.timeout, fetch)
             .await
             .map_err(|_| StoreError::Timeout)??;
-        if fields.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(record_from(fields)?).filter(|r| r.is_live(now)))
+        let Some(raw) = raw else { return Ok(None) };
+        Ok(Some(layout::decode(&raw)?.record).filter(|r| r.is_live(now)))
     }
 
     async fn purge(&self, key: &str) -> Result<bool, StoreError> {

@@ -1,0 +1,214 @@
+//! A record as one Redis string, so that `begin` on an absent key is a plain
+//! `SET key value NX PXAT t GET`: one command, no script.
+//!
+//! A fixed header comes first, so the scripts read and change single fields with `GETRANGE` and
+//! `SETRANGE` without parsing the rest:
+//!
+//! | offset | bytes | field |
+//! |---|---|---|
+//! | 0 | 1 | format, `2` |
+//! | 1 | 1 | state: `f` in flight, `c` completed |
+//! | 2 | 1 | waiters: `1` once a `begin` answered "in flight" (then `complete`, `release` publish) |
+//! | 3 | 20 | expiry (milliseconds, decimal, zero-padded) |
+//! | 23 | 20 | lease end |
+//! | 43 | 16 | lease token |
+//! | 59 | 32 | fingerprint |
+//! | 91 | 20 | created |
+//! | 111 | 20 | generation |
+//! | 131 | 5 + 5 | lengths of route and operation id (decimal) |
+//! | 141 | … | route, operation id, then the encoded response (completed records only) |
+//!
+//! Numbers are fixed-width decimals: Lua compares them with `tonumber` and the scripts write
+//! values the gateway formatted, never their own. State, waiters and expiry are adjacent, so
+//! `complete` rewrites all three with one `SETRANGE`.
+
+use idemgate_core::record::{Millis, Record, RecordState};
+use idemgate_core::store::StoreError;
+
+use crate::codec::{corrupt, decode_response, encode_response, fingerprint_from, token_bytes, token_from};
+
+const FORMAT: u8 = b'2';
+/// The part of the header every script reads (`GETRANGE key 0 130`): any change to a record
+/// (complete, renew, a waiter, a new owner) changes it, so it also serves as a version.
+pub const HEADER: usize = 131;
+const LENGTHS: usize = 10;
+const BODY: usize = HEADER + LENGTHS;
+const MAX_TEXT: usize = 99_999;
+
+/// A decoded record, with what the rules do not model.
+#[derive(Debug)]
+pub struct Stored {
+    pub record: Record,
+    /// Someone waits on it: a `begin` answered "in flight" already marked it.
+    pub waiters: bool,
+}
+
+/// A millisecond value as the header keeps it.
+#[must_use]
+pub fn millis(n: Millis) -> String {
+    format!("{n:020}")
+}
+
+/// Encodes a record. The waiter flag starts clear.
+///
+/// # Errors
+/// A route or operation id too long for its length field.
+pub fn encode(record: &Record) -> Result<Vec<u8>, StoreError> {
+    let (state, token, lease, response) = match &record.state {
+        RecordState::InFlight { token, lease_until } => (b'f', token, *lease_until, None),
+        RecordState::Completed { token, response } => (b'c', token, 0, Some(encode_response(response))),
+    };
+    let (route, op) = (record.route.as_bytes(), record.operation_id.as_bytes());
+    if route.len() > MAX_TEXT || op.len() > MAX_TEXT {
+        return Err(corrupt("route or operation id too long for the redis layout"));
+    }
+    let mut out = Vec::with_capacity(BODY + route.len() + op.len() + response.as_ref().map_or(0, Vec::len));
+    out.extend_from_slice(&[FORMAT, state, b'0']);
+    out.extend_from_slice(millis(record.expires_at).as_bytes());
+    out.extend_from_slice(millis(lease).as_bytes());
+    out.extend_from_slice(&token_bytes(*token));
+    out.extend_from_slice(&record.fingerprint.0);
+    for n in [record.created_at, record.generation] {
+        out.extend_from_slice(millis(n).as_bytes());
+    }
+    out.extend_from_slice(format!("{:05}{:05}", route.len(), op.len()).as_bytes());
+    out.extend_from_slice(route);
+    out.extend_from_slice(op);
+    if let Some(r) = response {
+        out.extend_from_slice(&r);
+    }
+    Ok(out)
+}
+
+/// Decodes a value written by [`encode`] and the scripts.
+///
+/// # Errors
+/// [`StoreError::Corrupt`] for anything else.
+pub fn decode(raw: &[u8]) -> Result<Stored, StoreError> {
+    if raw.len() < BODY || raw[0] != FORMAT {
+        return Err(corrupt("not a record of the redis layout"));
+    }
+    let num = |at: usize, len: usize| -> Result<u64, StoreError> {
+        std::str::from_utf8(&raw[at..at + len])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| corrupt("bad number in a redis record"))
+    };
+    let token = token_from(&raw[43..59])?;
+    let lease_until = num(23, 20)?;
+    let (route_len, op_len) = (num(131, 5)?, num(136, 5)?);
+    let (route_len, op_len) = (
+        usize::try_from(route_len).unwrap_or(usize::MAX),
+        usize::try_from(op_len).unwrap_or(usize::MAX),
+    );
+    let rest = &raw[BODY..];
+    if rest.len() < route_len.saturating_add(op_len) {
+        return Err(corrupt("short redis record"));
+    }
+    let (route, rest) = rest.split_at(route_len);
+    let (op, response) = rest.split_at(op_len);
+    let state = match raw[1] {
+        b'f' => RecordState::InFlight { token, lease_until },
+        b'c' => RecordState::Completed {
+            token,
+            response: decode_response(response)?,
+        },
+        _ => return Err(corrupt("unknown record state")),
+    };
+    let text = |b: &[u8]| String::from_utf8(b.to_vec()).map_err(|_| corrupt("text field is not utf-8"));
+    Ok(Stored {
+        record: Record {
+            state,
+            fingerprint: fingerprint_from(&raw[59..91])?,
+            route: text(route)?,
+            operation_id: text(op)?,
+            created_at: num(91, 20)?,
+            expires_at: num(3, 20)?,
+            generation: num(111, 20)?,
+        },
+        waiters: raw[2] == b'1',
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use idemgate_core::Fingerprint;
+    use idemgate_core::record::{LeaseToken, StoredResponse};
+
+    use super::*;
+
+    fn record(state: RecordState) -> Record {
+        Record {
+            state,
+            fingerprint: Fingerprint([7; 32]),
+            route: "orders".into(),
+            operation_id: "op-1".into(),
+            created_at: 1_700_000_000_000,
+            expires_at: Millis::MAX,
+            generation: 3,
+        }
+    }
+
+    #[test]
+    fn records_round_trip_in_both_states() {
+        let token = LeaseToken(0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10);
+        let flight = record(RecordState::InFlight {
+            token,
+            lease_until: 1_700_000_030_000,
+        });
+        let raw = encode(&flight).unwrap();
+        assert_eq!(raw.len(), BODY + "orders".len() + "op-1".len());
+        let back = decode(&raw).unwrap();
+        assert_eq!(back.record, flight);
+        assert!(!back.waiters);
+
+        let done = record(RecordState::Completed {
+            token,
+            response: StoredResponse {
+                status: 201,
+                headers: vec![("content-type".into(), "application/json".into())],
+                body: Some(b"{\"id\":1}".to_vec().into()),
+            },
+        });
+        let mut raw = encode(&done).unwrap();
+        raw[2] = b'1';
+        let back = decode(&raw).unwrap();
+        assert_eq!(back.record, done);
+        assert!(back.waiters);
+    }
+
+    #[test]
+    fn header_fields_sit_where_the_scripts_read_them() {
+        let raw = encode(&record(RecordState::InFlight {
+            token: LeaseToken(1),
+            lease_until: 42,
+        }))
+        .unwrap();
+        // Lua's 1-based string.sub(4, 23) and (24, 43): expiry and lease.
+        assert_eq!(&raw[3..23], millis(Millis::MAX).as_bytes());
+        assert_eq!(&raw[23..43], b"00000000000000000042");
+        assert_eq!(&raw[43..59], &1u128.to_be_bytes());
+        assert_eq!(&raw[111..131], b"00000000000000000003");
+        assert_eq!(&raw[131..141], b"0000600004");
+    }
+
+    #[test]
+    fn anything_else_is_corrupt() {
+        let good = encode(&record(RecordState::InFlight {
+            token: LeaseToken(1),
+            lease_until: 42,
+        }))
+        .unwrap();
+        for bad in [
+            &b""[..],
+            &good[..HEADER],
+            &good[..good.len() - 1],
+            &[b'1'; 160][..],
+        ] {
+            assert!(matches!(decode(bad), Err(StoreError::Corrupt(_))), "{bad:?}");
+        }
+        let mut state = good.clone();
+        state[1] = b'x';
+        assert!(decode(&state).is_err());
+    }
+}
