@@ -144,7 +144,8 @@ def main():
       + (f"; {repeat} runs per row, median by req/s with min-max in brackets" if repeat > 1 else ""))
     w(f"- pinning: load generator and static upstream on CPU {m.get('lcpu', '?')}, system under test "
       f"(nginx, Node, idemgate) on CPU {m.get('scpu', '?')}; Redis and PostgreSQL are the machine's "
-      "own servers, unpinned; {} with worker_processes 1".format(m.get("nginx", "nginx")))
+      f"own servers, Redis on CPU {m.get('rcpu', 'unpinned')} for the run, PostgreSQL unpinned; "
+      "{} with worker_processes 1".format(m.get("nginx", "nginx")))
     if m.get("bin"):
         w(f"- idemgate binary: `{m['bin']}` (built {m.get('binmtime', '?')}), `IDEMGATE_LOG={m.get('gwlog', '?')}`"
           + (" (no access log, like nginx `access_log off`)" if m.get("gwlog") == "warn" else ""))

@@ -51,6 +51,7 @@ NGINX_WORKERS=1          # static upstream and nginx proxy peer: one worker each
 LOADGEN_CPUS="${BENCH_LOADGEN_CPUS:-0}"             # wrk / idemgate-bench
 SUT_CPUS="${BENCH_SUT_CPUS:-1}"                     # the proxy under test (nginx, node or idemgate)
 UPSTREAM_CPUS="${BENCH_UPSTREAM_CPUS:-$LOADGEN_CPUS}" # the static upstream
+REDIS_CPUS="${BENCH_REDIS_CPUS-$LOADGEN_CPUS}"       # Redis, for the run (restored after); empty: left as it is
 PIN="${BENCH_PIN:-1}"                               # 0: no taskset at all
 GW_PRELOAD="${BENCH_IDEMGATE_PRELOAD:-}"             # e.g. a jemalloc .so, for allocator experiments
 PROFILE="${BENCH_PROFILE:-auto}"                    # perf profile of idemgate during warm-ups
@@ -157,6 +158,7 @@ cleanup() {
   trap - EXIT INT TERM
   for p in "${PIDS[@]+"${PIDS[@]}"}"; do stop_pid "$p"; done
   redis_purge || true
+  if [[ -n "${REDIS_AFFINITY:-}" ]]; then taskset -apc "$REDIS_AFFINITY" "$REDIS_PID" >/dev/null 2>&1 || true; fi
   pg_drop_schemas || true
   if [[ "${BENCH_KEEP_TMP:-0}" == 1 || $rc -ne 0 ]]; then
     log "logs kept in $WORK"
@@ -246,7 +248,7 @@ fi
 NCPU="$(nproc)"
 if (( NCPU < 2 )) || [[ "$PIN" != 1 ]]; then
   log "running without taskset pinning ($NCPU CPU, BENCH_PIN=$PIN)"
-  LOADGEN_CPUS=""; SUT_CPUS=""; UPSTREAM_CPUS=""
+  LOADGEN_CPUS=""; SUT_CPUS=""; UPSTREAM_CPUS=""; REDIS_CPUS=""
 fi
 
 for p in $UP_PORT $PROXY_PORT $GW_PORT $SLOW_PORT $NODE_PORT; do
@@ -257,6 +259,15 @@ if ((NEED_REDIS)); then
   [[ "$(redis_cli ping 2>/dev/null)" == PONG ]] || die "Redis at $REDIS_URL does not answer PING"
   REDIS_PID="$(redis_cli info server | tr -d '\r' | awk -F: '/^process_id:/ {print $2}')"
   REDIS_CONF="$(redis_cli info server | tr -d '\r' | awk -F: '/^redis_version:/ {print "Redis " $2}'), appendonly $(redis_cli config get appendonly | tail -n1), appendfsync $(redis_cli config get appendfsync | tail -n1)"
+  # Redis is single-threaded and, left to the scheduler, often lands on the system under test's
+  # core (bench/README.md, "Fairness choices"): pinned to the load side for the run, as a
+  # dependency on a host of its own would be, and given its affinity back at the end.
+  # Only a server on this machine: the pid Redis reports must be a local redis-server.
+  if [[ "$(cat "/proc/$REDIS_PID/comm" 2>/dev/null)" != redis-server* ]]; then REDIS_CPUS=""; fi
+  if [[ -n "$REDIS_CPUS" ]]; then
+    REDIS_AFFINITY="$(taskset -pc "$REDIS_PID" 2>/dev/null | awk -F': ' '{print $2}')"
+    taskset -apc "$REDIS_CPUS" "$REDIS_PID" >/dev/null 2>&1 || { log "could not pin Redis (pid $REDIS_PID)"; REDIS_CPUS=""; REDIS_AFFINITY=""; }
+  fi
 fi
 if ((NEED_PG)); then
   PG_VER="$(timeout 30 psql -Atq "$PG_URL" -c 'show server_version' 2>/dev/null)" || die "PostgreSQL at $PG_URL does not answer"
@@ -884,7 +895,7 @@ meta duration "$DURATION"; meta warmup "$WARMUP"; meta conns "$CONNS"; meta pool
 meta rate_duration "$RATE_DURATION"; meta rate_fraction "$RATE_FRACTION"
 meta growth_duration "$GROWTH_DURATION"; meta growth_budget "$GROWTH_BUDGET"
 meta storm_n "$STORM_N"; meta storm_delay_ms "$STORM_DELAY_MS"
-meta lcpu "${LOADGEN_CPUS:-unpinned}"; meta scpu "${SUT_CPUS:-unpinned}"; meta upcpu "${UPSTREAM_CPUS:-unpinned}"
+meta lcpu "${LOADGEN_CPUS:-unpinned}"; meta scpu "${SUT_CPUS:-unpinned}"; meta upcpu "${UPSTREAM_CPUS:-unpinned}"; meta rcpu "${REDIS_CPUS:-unpinned}"
 meta noise "$NOISE_PCT"; meta idle "$IDLE_LOAD"; meta gwlog "$GW_LOG"; meta elapsed "$ELAPSED"
 meta stores "$STORES"; meta scenarios "$SCENARIOS"; meta peers "$PEERS"
 meta bin "${IDEMGATE:-}"
