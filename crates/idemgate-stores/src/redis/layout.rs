@@ -22,7 +22,7 @@
 //! values the gateway formatted, never their own. State, waiters and expiry are adjacent, so
 //! `complete` rewrites all three with one `SETRANGE`.
 
-use idemgate_core::record::{Millis, Record, RecordState};
+use idemgate_core::record::{Record, RecordState};
 use idemgate_core::store::StoreError;
 
 use crate::codec::{corrupt, decode_response, encode_response, fingerprint_from, token_bytes, token_from};
@@ -43,10 +43,39 @@ pub struct Stored {
     pub waiters: bool,
 }
 
-/// A millisecond value as the header keeps it.
-#[must_use]
-pub fn millis(n: Millis) -> String {
-    format!("{n:020}")
+/// A number in decimal without `fmt` (which cost 5.7k instructions per `begin`, a quarter of
+/// the store's own work): 20 zero-padded digits, room for `u64::MAX`.
+pub struct Decimal([u8; 20]);
+
+impl Decimal {
+    #[must_use]
+    pub fn new(mut n: u64) -> Self {
+        let mut digits = [b'0'; 20];
+        for d in digits.iter_mut().rev() {
+            // `n % 10` is below 10: the cast cannot truncate.
+            #[allow(clippy::cast_possible_truncation)]
+            let digit = (n % 10) as u8;
+            *d = b'0' + digit;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        Self(digits)
+    }
+
+    /// Zero-padded to 20 digits, as the header keeps numbers.
+    #[must_use]
+    pub fn padded(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Without leading zeros (`0` for zero).
+    #[must_use]
+    pub fn plain(&self) -> &[u8] {
+        let start = self.0.iter().position(|&d| d != b'0').unwrap_or(19);
+        &self.0[start..]
+    }
 }
 
 /// Encodes a record. The waiter flag starts clear.
@@ -64,14 +93,17 @@ pub fn encode(record: &Record) -> Result<Vec<u8>, StoreError> {
     }
     let mut out = Vec::with_capacity(BODY + route.len() + op.len() + response.as_ref().map_or(0, Vec::len));
     out.extend_from_slice(&[FORMAT, state, b'0']);
-    out.extend_from_slice(millis(record.expires_at).as_bytes());
-    out.extend_from_slice(millis(lease).as_bytes());
+    out.extend_from_slice(Decimal::new(record.expires_at).padded());
+    out.extend_from_slice(Decimal::new(lease).padded());
     out.extend_from_slice(&token_bytes(*token));
     out.extend_from_slice(&record.fingerprint.0);
     for n in [record.created_at, record.generation] {
-        out.extend_from_slice(millis(n).as_bytes());
+        out.extend_from_slice(Decimal::new(n).padded());
     }
-    out.extend_from_slice(format!("{:05}{:05}", route.len(), op.len()).as_bytes());
+    for len in [route.len(), op.len()] {
+        // At most MAX_TEXT: five digits.
+        out.extend_from_slice(&Decimal::new(u64::try_from(len).unwrap_or(u64::MAX)).padded()[15..]);
+    }
     out.extend_from_slice(route);
     out.extend_from_slice(op);
     if let Some(r) = response {
@@ -133,7 +165,7 @@ pub fn decode(raw: &[u8]) -> Result<Stored, StoreError> {
 #[cfg(test)]
 mod tests {
     use idemgate_core::Fingerprint;
-    use idemgate_core::record::{LeaseToken, StoredResponse};
+    use idemgate_core::record::{LeaseToken, Millis, StoredResponse};
 
     use super::*;
 
@@ -185,11 +217,25 @@ mod tests {
         }))
         .unwrap();
         // Lua's 1-based string.sub(4, 23) and (24, 43): expiry and lease.
-        assert_eq!(&raw[3..23], millis(Millis::MAX).as_bytes());
+        assert_eq!(&raw[3..23], b"18446744073709551615");
         assert_eq!(&raw[23..43], b"00000000000000000042");
         assert_eq!(&raw[43..59], &1u128.to_be_bytes());
         assert_eq!(&raw[111..131], b"00000000000000000003");
         assert_eq!(&raw[131..141], b"0000600004");
+    }
+
+    #[test]
+    fn decimals_padded_and_plain() {
+        for (n, plain) in [
+            (0, "0"),
+            (7, "7"),
+            (1_700_000_000_123, "1700000000123"),
+            (u64::MAX, "18446744073709551615"),
+        ] {
+            let d = Decimal::new(n);
+            assert_eq!(d.plain(), plain.as_bytes());
+            assert_eq!(d.padded(), format!("{n:020}").as_bytes());
+        }
     }
 
     #[test]

@@ -47,6 +47,7 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use crate::codec::{corrupt, encode_response, token_bytes};
+use layout::Decimal;
 
 /// How long after its logical expiry Redis drops a record's key: a bound on the clock skew
 /// between the gateways and Redis that cannot cost a record.
@@ -368,8 +369,8 @@ impl Store for RedisStore {
                 Some(r) => (layout::encode(&r)?, pexpireat(r.expires_at)),
                 None => (Vec::new(), 0),
             };
-            let px = px.to_string();
-            let args: [&[u8]; 4] = [&raw[..layout::HEADER], mode, &new, px.as_bytes()];
+            let px = Decimal::new(px);
+            let args: [&[u8]; 4] = [&raw[..layout::HEADER], mode, &new, px.plain()];
             let applied: u8 = self.call(&self.scripts.swap, key, &args).await?;
             if applied == 1 {
                 return Ok(answer);
@@ -388,18 +389,18 @@ impl Store for RedisStore {
     ) -> Result<(), StoreError> {
         let expires_at = now + retention_ms;
         let (now, exp, px) = (
-            now.to_string(),
-            layout::millis(expires_at),
-            pexpireat(expires_at).to_string(),
+            Decimal::new(now),
+            Decimal::new(expires_at),
+            Decimal::new(pexpireat(expires_at)),
         );
         let token = token_bytes(token);
         let body = encode_response(&response);
         let args: [&[u8]; 7] = [
             &token,
-            now.as_bytes(),
+            now.plain(),
             &body,
-            exp.as_bytes(),
-            px.as_bytes(),
+            exp.padded(),
+            px.plain(),
             self.channel.as_bytes(),
             key.as_bytes(),
         ];
@@ -416,8 +417,8 @@ impl Store for RedisStore {
 
     async fn renew(&self, key: &str, token: LeaseToken, lease_until: Millis) -> Result<(), StoreError> {
         let token = token_bytes(token);
-        let (until, px) = (layout::millis(lease_until), pexpireat(lease_until).to_string());
-        let args: [&[u8]; 3] = [&token, until.as_bytes(), px.as_bytes()];
+        let (until, px) = (Decimal::new(lease_until), Decimal::new(pexpireat(lease_until)));
+        let args: [&[u8]; 3] = [&token, until.padded(), px.plain()];
         let reply: String = self.call(&self.scripts.renew, key, &args).await?;
         ack(&reply)
     }
