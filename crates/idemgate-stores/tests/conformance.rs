@@ -182,6 +182,52 @@ mod redis {
         support::waiter_woken_across_with(a, b, Duration::from_secs(10), cut_off).await;
     }
 
+    /// A full Redis (`maxmemory` reached under `noeviction`) refuses `SET` even where it would
+    /// only read. A `begin` then still answers what a read can: a replay, a key in flight, a
+    /// mismatch. Only a new reservation is refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_server_still_answers_replays() {
+        if std::env::var("IDEMGATE_TEST_REDIS_URL").is_err() {
+            println!("skipped: IDEMGATE_TEST_REDIS_URL not set");
+            return;
+        }
+        let Some(server) = RedisServer::start().await else {
+            return;
+        };
+        let store = on(&server.url(), Duration::from_secs(2));
+        let now = now_millis();
+        let (done, flying) = (key("full-done"), key("full-flying"));
+        let owner = LeaseToken::random();
+        store.begin(&done, &req(owner, now)).await.unwrap();
+        store
+            .complete(&done, owner, response(), 60_000, now)
+            .await
+            .unwrap();
+        store
+            .begin(&flying, &req(LeaseToken::random(), now))
+            .await
+            .unwrap();
+        server
+            .command(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
+            .await;
+        server.command(&["CONFIG", "SET", "maxmemory", "1"]).await;
+        let refused = store
+            .begin(&key("full-new"), &req(LeaseToken::random(), now))
+            .await;
+        assert!(matches!(refused, Err(StoreError::Backend(_))), "{refused:?}");
+        let replay = store.begin(&done, &req(LeaseToken::random(), now)).await.unwrap();
+        assert!(matches!(replay, Begin::Replay(_)), "{replay:?}");
+        let waiting = store
+            .begin(&flying, &req(LeaseToken::random(), now))
+            .await
+            .unwrap();
+        assert!(matches!(waiting, Begin::InFlight { .. }), "{waiting:?}");
+        let mut other = req(LeaseToken::random(), now);
+        other.fingerprint = support::fp(2);
+        let mismatch = store.begin(&done, &other).await.unwrap();
+        assert!(matches!(mismatch, Begin::Mismatch { .. }), "{mismatch:?}");
+    }
+
     /// `CLIENT PAUSE` longer than the timeout: calls end in `Timeout` at the bound.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_paused_server_gives_bounded_timeouts() {

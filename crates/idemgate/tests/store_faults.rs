@@ -347,8 +347,9 @@ async fn redis_counts_two_calls_per_miss_and_one_per_replay() {
         post(&url, Some(&warm), "{}").send().await.unwrap();
     }
     // Commands a store client could send itself (commands run inside a script count in
-    // `commandstats` too, so the scripts' own calls are not "round trips"; none calls `SET`
-    // on a miss or a replay).
+    // `commandstats` too, so the scripts' own calls are not "round trips"; on a miss the
+    // complete script reads its record with one `GET` and writes it with one `SET`, on a replay
+    // no script runs).
     let calls = async || {
         let info = server.command(&["INFO", "commandstats"]).await;
         let count = |cmd: &str| -> u64 {
@@ -357,28 +358,31 @@ async fn redis_counts_two_calls_per_miss_and_one_per_replay() {
                 .and_then(|rest| rest.split(',').next())
                 .map_or(0, |n| n.parse().unwrap())
         };
-        let others = ["eval", "script|load", "hgetall", "get", "ping", "multi", "exec"];
-        (
+        let others = ["eval", "script|load", "hgetall", "ping", "multi", "exec"];
+        [
             count("evalsha"),
             count("set"),
+            count("get"),
             others.iter().map(|c| count(c)).sum::<u64>(),
-        )
+        ]
     };
-    let (eval0, set0, other0) = calls().await;
+    let [eval0, set0, get0, other0] = calls().await;
     let keys: Vec<String> = (0..20).map(|i| key(&format!("rt{i}"))).collect();
     for k in &keys {
         let r = post(&url, Some(k), "{}").send().await.unwrap();
         assert_eq!(r.status(), 201);
     }
-    let (eval1, set1, other1) = calls().await;
-    assert_eq!(set1 - set0, 20, "one SET NX GET per miss");
-    assert_eq!(eval1 - eval0, 20, "and one script call");
+    let [eval1, set1, get1, other1] = calls().await;
+    assert_eq!(eval1 - eval0, 20, "one script call per miss");
+    assert_eq!(set1 - set0, 40, "and one SET NX GET (plus the script's own SET)");
+    assert_eq!(get1 - get0, 20, "no GET but the script's own");
     assert_eq!(other1, other0, "and no other command");
     for k in &keys {
         let r = post(&url, Some(k), "{}").send().await.unwrap();
         assert_eq!(header(&r, "idempotent-replayed"), Some("true"));
     }
-    let (eval2, set2, _) = calls().await;
+    let [eval2, set2, get2, _] = calls().await;
     assert_eq!(set2 - set1, 20, "one SET NX GET per replay");
     assert_eq!(eval2, eval1, "and no script");
+    assert_eq!(get2, get1, "and no GET");
 }

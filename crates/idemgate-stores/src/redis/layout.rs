@@ -29,7 +29,9 @@ use crate::codec::{corrupt, decode_response, encode_response, fingerprint_from, 
 
 const FORMAT: u8 = b'2';
 /// The part of the header every script reads (`GETRANGE key 0 130`): any change to a record
-/// (complete, renew, a waiter, a new owner) changes it, so it also serves as a version.
+/// (complete, renew, a waiter, a new owner) changes it, so it also serves as a version. It
+/// leaves out the route, which is safe because a token is random per attempt: two records with
+/// one header are one attempt's.
 pub const HEADER: usize = 131;
 const LENGTHS: usize = 10;
 const BODY: usize = HEADER + LENGTHS;

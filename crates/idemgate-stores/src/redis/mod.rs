@@ -21,13 +21,14 @@
 //! ahead of the gateways cannot drop a record early; until then an expired record reads as
 //! absent anyway.
 //!
-//! Waiters. A `begin` that answers "in flight" marks the record (`w`); `complete`, `release`
+//! Waiters. A `begin` that answers "in flight" sets the record's waiter flag; `complete`, `release`
 //! and `purge` then `PUBLISH` the namespaced key on `{prefix}:done`, and every replica's
 //! subscriber ([`subscriber`]) wakes its local waiters. Uncontended keys publish nothing.
 //!
 //! Failures. Every call is bounded by the configured timeout ([`StoreError::Timeout`]);
 //! connection errors are retried within that bound, which is safe because every operation is
-//! idempotent for the lease owner (SPEC 10). Nothing connects at construction: a gateway starts
+//! idempotent for the lease owner (SPEC 10). A Redis that refuses writes (full, read-only)
+//! still answers the `begin`s a read can answer: replays above all. Nothing connects at construction: a gateway starts
 //! with Redis down and connects when it comes back.
 
 mod layout;
@@ -241,12 +242,13 @@ impl RedisStore {
     /// deadline. Retrying is safe: every operation is idempotent for the lease owner.
     async fn call<T: redis::FromRedisValue>(
         &self,
+        deadline: Instant,
         script: &Script,
         key: &str,
         args: &[&[u8]],
     ) -> Result<T, StoreError> {
         let key = &self.record_key(key);
-        self.retrying(move |mut conn| async move {
+        self.retrying(deadline, move |mut conn| async move {
             let mut invocation = script.key(key);
             for arg in args {
                 invocation.arg(*arg);
@@ -259,12 +261,13 @@ impl RedisStore {
     /// `begin`'s one command: writes `value` if the key is absent, and returns what was there.
     async fn set_nx_get(
         &self,
+        deadline: Instant,
         key: &str,
         value: &[u8],
         pexpireat: u64,
     ) -> Result<Option<Vec<u8>>, StoreError> {
         let key = &self.record_key(key);
-        self.retrying(move |mut conn| async move {
+        self.retrying(deadline, move |mut conn| async move {
             let mut cmd = redis::cmd("SET");
             cmd.arg(key).arg(value).arg("NX");
             if pexpireat != 0 {
@@ -275,19 +278,58 @@ impl RedisStore {
         .await
         .map_err(|e| match e {
             // Redis before 7.0 refuses NX together with GET.
-            StoreError::Backend(e) if e.to_string().contains("syntax error") => StoreError::Backend(
-                "redis refused SET NX GET: the redis store needs Redis 7.0 or later".into(),
-            ),
+            StoreError::Backend(e) if e.to_string().contains("syntax error") => {
+                StoreError::Backend(Box::new(NeedsRedis7(e)))
+            }
             e => e,
         })
     }
 
-    /// One round trip, retried on connection failures until the store's timeout.
-    async fn retrying<T, F>(&self, mut send: impl FnMut(ConnectionManager) -> F) -> Result<T, StoreError>
+    /// A record's raw value.
+    async fn get_raw(&self, deadline: Instant, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let key = &self.record_key(key);
+        self.retrying(deadline, move |mut conn| async move {
+            redis::cmd("GET").arg(key).query_async(&mut conn).await
+        })
+        .await
+    }
+
+    /// `begin` when Redis refuses writes (full under `noeviction`, a read-only replica, a failed
+    /// snapshot): `SET NX` is a write even where it would only read, so the record is read
+    /// instead and whatever a read can answer is answered (a replay, a mismatch, a key in flight,
+    /// an attempt's own retry), as the whole-script `begin` did before. A key found in flight is
+    /// not marked, so its waiters wake at the owner's lease end rather than by its message. A
+    /// `begin` that would write gets Redis's refusal.
+    async fn begin_read_only(
+        &self,
+        deadline: Instant,
+        key: &str,
+        req: &BeginRequest<'_>,
+        refused: StoreError,
+    ) -> Result<Begin, StoreError> {
+        let Some(raw) = self.get_raw(deadline, key).await? else {
+            return Err(refused);
+        };
+        match rules::begin(Some(&layout::decode(&raw)?.record), req) {
+            (answer, Write::Keep) => Ok(answer),
+            _ => Err(refused),
+        }
+    }
+
+    /// The deadline of a call that starts now.
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.timeout
+    }
+
+    /// One round trip, retried on connection failures until `deadline`.
+    async fn retrying<T, F>(
+        &self,
+        deadline: Instant,
+        mut send: impl FnMut(ConnectionManager) -> F,
+    ) -> Result<T, StoreError>
     where
         F: Future<Output = Result<T, RedisError>>,
     {
-        let deadline = Instant::now() + self.timeout;
         let attempt = async {
             let mut backoff = Duration::from_millis(10);
             loop {
@@ -321,6 +363,20 @@ fn retryable(e: &(dyn std::error::Error + 'static)) -> bool {
     })
 }
 
+/// Redis refused a write it would otherwise make: full (`maxmemory` under `noeviction`), a
+/// read-only replica, too few replicas, or a failed snapshot that stops writes.
+fn refuses_writes(e: &StoreError) -> bool {
+    let StoreError::Backend(e) = e else { return false };
+    e.downcast_ref::<RedisError>()
+        .and_then(RedisError::code)
+        .is_some_and(|code| matches!(code, "OOM" | "READONLY" | "NOREPLICAS" | "MISCONF"))
+}
+
+/// `SET NX GET` refused as a syntax error: a server older than 7.0.
+#[derive(Debug, thiserror::Error)]
+#[error("redis refused SET NX GET: the redis store needs Redis 7.0 or later")]
+struct NeedsRedis7(#[source] Box<dyn std::error::Error + Send + Sync>);
+
 /// Physical expiry for a logical one: [`EXPIRY_GRACE`] later, `0` for never (Redis cannot
 /// represent the far future, and a record that never expires must not get a TTL).
 fn pexpireat(expires_at: Millis) -> u64 {
@@ -345,16 +401,21 @@ impl Store for RedisStore {
         };
         let value = layout::encode(&fresh)?;
         let px = pexpireat(fresh.expires_at);
-        // Each call is bounded by the timeout; so are the rounds, which repeat only while
-        // others change the record in between (not one more future around the loop: the
-        // engine's and the tower layer's futures nest this one, and rustc bounds the depth).
-        let deadline = Instant::now() + self.timeout;
+        // Every call of every round shares one deadline (not one more future around the loop:
+        // the engine's and the tower layer's futures nest this one, and rustc bounds the
+        // depth). Rounds repeat only while others change the record in between.
+        let deadline = self.deadline();
         loop {
             if Instant::now() >= deadline {
                 return Err(StoreError::Timeout);
             }
-            let Some(raw) = self.set_nx_get(key, &value, px).await? else {
-                return Ok(first);
+            let raw = match self.set_nx_get(deadline, key, &value, px).await {
+                Ok(Some(raw)) => raw,
+                Ok(None) => return Ok(first),
+                Err(refused) if refuses_writes(&refused) => {
+                    return self.begin_read_only(deadline, key, req, refused).await;
+                }
+                Err(e) => return Err(e),
             };
             let found = layout::decode(&raw)?;
             let (answer, write) = rules::begin(Some(&found.record), req);
@@ -371,7 +432,7 @@ impl Store for RedisStore {
             };
             let px = Decimal::new(px);
             let args: [&[u8]; 4] = [&raw[..layout::HEADER], mode, &new, px.plain()];
-            let applied: u8 = self.call(&self.scripts.swap, key, &args).await?;
+            let applied: u8 = self.call(deadline, &self.scripts.swap, key, &args).await?;
             if applied == 1 {
                 return Ok(answer);
             }
@@ -404,14 +465,18 @@ impl Store for RedisStore {
             self.channel.as_bytes(),
             key.as_bytes(),
         ];
-        let reply: String = self.call(&self.scripts.complete, key, &args).await?;
+        let reply: String = self
+            .call(self.deadline(), &self.scripts.complete, key, &args)
+            .await?;
         ack(&reply)
     }
 
     async fn release(&self, key: &str, token: LeaseToken) -> Result<(), StoreError> {
         let token = token_bytes(token);
         let args: [&[u8]; 3] = [&token, self.channel.as_bytes(), key.as_bytes()];
-        let reply: String = self.call(&self.scripts.release, key, &args).await?;
+        let reply: String = self
+            .call(self.deadline(), &self.scripts.release, key, &args)
+            .await?;
         ack(&reply)
     }
 
@@ -419,30 +484,24 @@ impl Store for RedisStore {
         let token = token_bytes(token);
         let (until, px) = (Decimal::new(lease_until), Decimal::new(pexpireat(lease_until)));
         let args: [&[u8]; 3] = [&token, until.padded(), px.plain()];
-        let reply: String = self.call(&self.scripts.renew, key, &args).await?;
+        let reply: String = self
+            .call(self.deadline(), &self.scripts.renew, key, &args)
+            .await?;
         ack(&reply)
     }
 
     async fn get(&self, key: &str, now: Millis) -> Result<Option<Record>, StoreError> {
-        let fetch = async {
-            let mut conn = self.conn().await?;
-            self.round_trips.fetch_add(1, Ordering::Relaxed);
-            redis::cmd("GET")
-                .arg(self.record_key(key))
-                .query_async::<Option<Vec<u8>>>(&mut conn)
-                .await
-                .map_err(StoreError::backend)
+        let Some(raw) = self.get_raw(self.deadline(), key).await? else {
+            return Ok(None);
         };
-        let raw = tokio::time::timeout(self.timeout, fetch)
-            .await
-            .map_err(|_| StoreError::Timeout)??;
-        let Some(raw) = raw else { return Ok(None) };
         Ok(Some(layout::decode(&raw)?.record).filter(|r| r.is_live(now)))
     }
 
     async fn purge(&self, key: &str) -> Result<bool, StoreError> {
         let args: [&[u8]; 2] = [self.channel.as_bytes(), key.as_bytes()];
-        let n: u64 = self.call(&self.scripts.purge, key, &args).await?;
+        let n: u64 = self
+            .call(self.deadline(), &self.scripts.purge, key, &args)
+            .await?;
         Ok(n > 0)
     }
 
