@@ -130,11 +130,8 @@ pub fn decode(raw: &[u8]) -> Result<Stored, StoreError> {
     };
     let token = token_from(&raw[43..59])?;
     let lease_until = num(23, 20)?;
-    let (route_len, op_len) = (num(131, 5)?, num(136, 5)?);
-    let (route_len, op_len) = (
-        usize::try_from(route_len).unwrap_or(usize::MAX),
-        usize::try_from(op_len).unwrap_or(usize::MAX),
-    );
+    let len = |at: usize| num(at, 5).map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+    let (route_len, op_len) = (len(131)?, len(136)?);
     let rest = &raw[BODY..];
     if rest.len() < route_len.saturating_add(op_len) {
         return Err(corrupt("short redis record"));

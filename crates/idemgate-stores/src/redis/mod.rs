@@ -21,15 +21,15 @@
 //! ahead of the gateways cannot drop a record early; until then an expired record reads as
 //! absent anyway.
 //!
-//! Waiters. A `begin` that answers "in flight" sets the record's waiter flag; `complete`, `release`
-//! and `purge` then `PUBLISH` the namespaced key on `{prefix}:done`, and every replica's
+//! Waiters. A `begin` that answers "in flight" sets the record's waiter flag; `complete`,
+//! `release` and `purge` then `PUBLISH` the namespaced key on `{prefix}:done`, and every replica's
 //! subscriber ([`subscriber`]) wakes its local waiters. Uncontended keys publish nothing.
 //!
 //! Failures. Every call is bounded by the configured timeout ([`StoreError::Timeout`]);
 //! connection errors are retried within that bound, which is safe because every operation is
 //! idempotent for the lease owner (SPEC 10). A Redis that refuses writes (full, read-only)
-//! still answers the `begin`s a read can answer: replays above all. Nothing connects at construction: a gateway starts
-//! with Redis down and connects when it comes back.
+//! still answers the `begin`s a read can answer: replays above all. Nothing connects at
+//! construction: a gateway starts with Redis down and connects when it comes back.
 
 mod layout;
 mod subscriber;
@@ -419,16 +419,14 @@ impl Store for RedisStore {
             };
             let found = layout::decode(&raw)?;
             let (answer, write) = rules::begin(Some(&found.record), req);
-            let (mode, new): (&[u8], _) = match write {
-                Write::Put(record) => (b"put", Some(record)),
+            let (mode, new, px): (&[u8], _, _) = match write {
+                Write::Put(r) => (b"put", layout::encode(&r)?, pexpireat(r.expires_at)),
                 // A waiter marks the record once, so that its owner publishes the outcome.
-                Write::Keep if matches!(answer, Begin::InFlight { .. }) && !found.waiters => (b"wait", None),
+                Write::Keep if matches!(answer, Begin::InFlight { .. }) && !found.waiters => {
+                    (b"wait", Vec::new(), 0)
+                }
                 Write::Keep => return Ok(answer),
                 Write::Delete => return Err(corrupt("begin never deletes")),
-            };
-            let (new, px) = match new {
-                Some(r) => (layout::encode(&r)?, pexpireat(r.expires_at)),
-                None => (Vec::new(), 0),
             };
             let px = Decimal::new(px);
             let args: [&[u8]; 4] = [&raw[..layout::HEADER], mode, &new, px.plain()];
