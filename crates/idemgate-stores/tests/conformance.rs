@@ -58,6 +58,15 @@ mod redis {
 
     idemgate_stores::store_conformance!(open());
 
+    /// A server of the test's own (to stop, pause or fill), when the suite runs on Redis at all.
+    async fn own_server() -> Option<RedisServer> {
+        if std::env::var("IDEMGATE_TEST_REDIS_URL").is_err() {
+            println!("skipped: IDEMGATE_TEST_REDIS_URL not set");
+            return None;
+        }
+        RedisServer::start().await
+    }
+
     fn on(url: &str, timeout: Duration) -> Arc<RedisStore> {
         let mut config = RedisConfig::new(url);
         config.timeout = timeout;
@@ -111,11 +120,7 @@ mod redis {
     /// pub/sub again (the subscriber re-subscribed).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn reconnects_after_the_server_restarts() {
-        if std::env::var("IDEMGATE_TEST_REDIS_URL").is_err() {
-            println!("skipped: IDEMGATE_TEST_REDIS_URL not set");
-            return;
-        }
-        let Some(mut server) = RedisServer::start().await else {
+        let Some(mut server) = own_server().await else {
             return;
         };
         let timeout = Duration::from_millis(500);
@@ -145,11 +150,7 @@ mod redis {
     /// while it was away still ends the wait at once rather than at the owner's 30 s lease.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lost_subscription_only_delays_waiters() {
-        if std::env::var("IDEMGATE_TEST_REDIS_URL").is_err() {
-            println!("skipped: IDEMGATE_TEST_REDIS_URL not set");
-            return;
-        }
-        let Some(server) = RedisServer::start().await else {
+        let Some(server) = own_server().await else {
             return;
         };
         let timeout = Duration::from_millis(500);
@@ -187,11 +188,7 @@ mod redis {
     /// mismatch. Only a new reservation is refused.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_full_server_still_answers_replays() {
-        if std::env::var("IDEMGATE_TEST_REDIS_URL").is_err() {
-            println!("skipped: IDEMGATE_TEST_REDIS_URL not set");
-            return;
-        }
-        let Some(server) = RedisServer::start().await else {
+        let Some(server) = own_server().await else {
             return;
         };
         let store = on(&server.url(), Duration::from_secs(2));
@@ -231,11 +228,7 @@ mod redis {
     /// `CLIENT PAUSE` longer than the timeout: calls end in `Timeout` at the bound.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_paused_server_gives_bounded_timeouts() {
-        if std::env::var("IDEMGATE_TEST_REDIS_URL").is_err() {
-            println!("skipped: IDEMGATE_TEST_REDIS_URL not set");
-            return;
-        }
-        let Some(server) = RedisServer::start().await else {
+        let Some(server) = own_server().await else {
             return;
         };
         let store = on(&server.url(), Duration::from_millis(300));
