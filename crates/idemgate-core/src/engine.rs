@@ -283,7 +283,7 @@ impl<S: Store> Engine<S> {
         waited: &mut bool,
     ) -> Result<Started<S>, StoreError> {
         let token = LeaseToken::random();
-        let operation_id = new_operation_id();
+        let operation_id = FreshId::new();
         let wait_until = now_millis() + millis(policy.wait_timeout);
         let waits = policy.concurrent == Concurrency::Wait;
         // A remote store subscribes first, so a key found in flight is waited on without asking
@@ -339,7 +339,7 @@ impl<S: Store> Engine<S> {
                 fingerprint,
                 route,
                 token,
-                operation_id: &operation_id,
+                operation_id: operation_id.as_str(),
                 lease_ms: millis(policy.lease),
                 retention_ms: millis(policy.retention),
                 takeover: policy.on_lease_expiry == LeaseExpiry::Retry,
@@ -515,13 +515,28 @@ impl<S: Store> Engine<S> {
 /// asks the kernel for them, one `getrandom` system call per request.
 #[must_use]
 pub fn new_operation_id() -> String {
-    let id = uuid::Builder::from_unix_timestamp_millis(now_millis(), &rand::random()).into_uuid();
-    let mut buf = uuid::Uuid::encode_buffer();
-    let s = id.simple().encode_lower(&mut buf);
-    let mut id = String::with_capacity(3 + s.len());
-    id.push_str("op_");
-    id.push_str(s);
-    id
+    FreshId::new().as_str().to_owned()
+}
+
+/// A new operation id held on the stack: `begin` needs one for every request, but only a
+/// request that executes keeps it (a replay, the usual retry, allocated it for nothing).
+struct FreshId([u8; FreshId::LEN]);
+
+impl FreshId {
+    const LEN: usize = 3 + uuid::fmt::Simple::LENGTH;
+
+    fn new() -> Self {
+        let id = uuid::Builder::from_unix_timestamp_millis(now_millis(), &rand::random()).into_uuid();
+        let mut buf = [0; Self::LEN];
+        buf[..3].copy_from_slice(b"op_");
+        id.simple().encode_lower(&mut buf[3..]);
+        Self(buf)
+    }
+
+    fn as_str(&self) -> &str {
+        // `op_` and lower-case hex digits: ASCII.
+        std::str::from_utf8(&self.0).unwrap_or("op_")
+    }
 }
 
 fn millis(d: Duration) -> u64 {

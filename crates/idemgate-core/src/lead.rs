@@ -27,7 +27,8 @@ use crate::notify::Notifier;
 /// leads it.
 #[derive(Debug, Default)]
 pub(crate) struct Leads {
-    keys: Mutex<HashMap<Box<str>, Leader>>,
+    // The key is shared with its `Lead`: one allocation per lead, not two.
+    keys: Mutex<HashMap<Arc<str>, Leader>>,
 }
 
 /// The request leading a key: its fingerprint and route.
@@ -53,11 +54,12 @@ impl Leads {
         if let Some(leader) = keys.get(key) {
             return Err(compare(leader, request));
         }
-        keys.insert(key.into(), (request.0, request.1.into()));
+        let key: Arc<str> = key.into();
+        keys.insert(key.clone(), (request.0, request.1.into()));
         Ok(Lead {
             leads: self.clone(),
             notifier: notifier.clone(),
-            key: key.into(),
+            key,
         })
     }
 
@@ -81,7 +83,7 @@ fn compare((fp, route): &Leader, (fingerprint, r): (Fingerprint, &str)) -> Taken
 pub(crate) struct Lead {
     leads: Arc<Leads>,
     notifier: Arc<Notifier>,
-    key: Box<str>,
+    key: Arc<str>,
 }
 
 impl Drop for Lead {
@@ -91,7 +93,7 @@ impl Drop for Lead {
             .keys
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .remove(&self.key);
+            .remove(&*self.key);
         self.notifier.lead_ended(&self.key);
     }
 }

@@ -7,7 +7,7 @@ use std::time::Instant;
 #[derive(Debug)]
 pub struct AccessLog {
     pub started: Instant,
-    pub method: String,
+    pub method: http::Method,
     pub endpoint: String,
     pub policy: &'static str,
     /// `A` (caller's header), or `none` when the request was not deduplicated.
@@ -39,7 +39,8 @@ impl AccessLog {
     pub fn new(method: &http::Method) -> Self {
         Self {
             started: Instant::now(),
-            method: method.as_str().to_owned(),
+            // A clone of a standard method allocates nothing; `to_owned` of its name did, per request.
+            method: method.clone(),
             endpoint: String::new(),
             policy: "",
             case: "none",
@@ -64,6 +65,14 @@ impl AccessLog {
     pub fn set_key(&mut self, key: &str) {
         if tracing::enabled!(target: "idemgate::access", tracing::Level::INFO) {
             self.key_digest = idemgate_core::namespace::key_digest(key);
+        }
+    }
+
+    /// Records the operation id, only when access lines are written at all (the copy was one
+    /// of a replay's allocations).
+    pub fn set_operation_id(&mut self, id: &str) {
+        if tracing::enabled!(target: "idemgate::access", tracing::Level::INFO) {
+            id.clone_into(&mut self.operation_id);
         }
     }
 

@@ -288,7 +288,7 @@ impl Gateway {
         };
         match started {
             Started::Execute(exec) => {
-                log.operation_id = exec.operation_id().to_owned();
+                log.set_operation_id(exec.operation_id());
                 log.outcome = "executed";
                 let this = self.clone();
                 // If the client goes away, the upstream call still runs to its end and its
@@ -316,7 +316,7 @@ impl Gateway {
             } => {
                 log.cache_hit = true;
                 log.outcome = "replayed";
-                log.operation_id.clone_from(&operation_id);
+                log.set_operation_id(&operation_id);
                 let status = self.probe_status(&route, response.body.as_deref()).await;
                 let mut resp = replay(&route, response, &operation_id, expires_at);
                 if let Some(st) = status {
@@ -655,7 +655,7 @@ impl Gateway {
                 let RecordState::Completed { response, .. } = record.state else {
                     return Err(not_found());
                 };
-                log.operation_id.clone_from(&record.operation_id);
+                log.set_operation_id(&record.operation_id);
                 match response.body {
                     Some(_) => {
                         log.cache_hit = true;
@@ -929,6 +929,16 @@ pub(crate) fn header_value(s: &str) -> HeaderValue {
 }
 
 fn rfc3339(at: Millis) -> HeaderValue {
+    use std::io::Write as _;
     let t = UNIX_EPOCH + Duration::from_millis(at);
-    header_value(&humantime::format_rfc3339_seconds(t.max(SystemTime::UNIX_EPOCH)).to_string())
+    // Written on the stack: a `String` first was one more allocation per replay.
+    let mut buf = [0u8; 32];
+    let mut out = &mut buf[..];
+    let _ = write!(
+        out,
+        "{}",
+        humantime::format_rfc3339_seconds(t.max(SystemTime::UNIX_EPOCH))
+    );
+    let len = 32 - out.len();
+    HeaderValue::from_bytes(&buf[..len]).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
 }

@@ -262,8 +262,8 @@ impl EmbeddedStore {
                 _ => Decided::Writer,
             });
         }
-        let current = self.read(key)?;
-        let (answer, write) = rules::begin(current.as_ref(), req);
+        let mut current = self.read(key)?;
+        let (answer, write) = rules::begin_taking(&mut current, req);
         Ok(match write {
             Write::Keep => Decided::Now(answer),
             Write::Put(record) if req.takeover => {

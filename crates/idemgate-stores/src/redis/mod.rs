@@ -223,7 +223,7 @@ impl RedisStore {
             .conn
             .get_or_try_init(|| async {
                 let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(self.timeout)
+                    .set_connection_timeout(Some(self.timeout))
                     // Our own deadline bounds each call and `call` retries with its own short
                     // backoff; the manager only reconnects, once per failure. With retries of
                     // its own, a reconnect that failed during an outage slept in the manager's
@@ -310,7 +310,7 @@ impl RedisStore {
         let Some(raw) = self.get_raw(deadline, key).await? else {
             return Err(refused);
         };
-        match rules::begin(Some(&layout::decode(&raw)?.record), req) {
+        match rules::begin_taking(&mut Some(layout::decode(&raw)?.record), req) {
             (answer, Write::Keep) => Ok(answer),
             _ => Err(refused),
         }
@@ -417,12 +417,12 @@ impl Store for RedisStore {
                 }
                 Err(e) => return Err(e),
             };
-            let found = layout::decode(&raw)?;
-            let (answer, write) = rules::begin(Some(&found.record), req);
+            let layout::Stored { record, waiters } = layout::decode(&raw)?;
+            let (answer, write) = rules::begin_taking(&mut Some(record), req);
             let (mode, new, px): (&[u8], _, _) = match write {
                 Write::Put(r) => (b"put", layout::encode(&r)?, pexpireat(r.expires_at)),
                 // A waiter marks the record once, so that its owner publishes the outcome.
-                Write::Keep if matches!(answer, Begin::InFlight { .. }) && !found.waiters => {
+                Write::Keep if matches!(answer, Begin::InFlight { .. }) && !waiters => {
                     (b"wait", Vec::new(), 0)
                 }
                 Write::Keep => return Ok(answer),
