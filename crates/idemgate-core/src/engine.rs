@@ -283,8 +283,11 @@ impl<S: Store> Engine<S> {
         waited: &mut bool,
     ) -> Result<Started<S>, StoreError> {
         let token = LeaseToken::random();
-        let operation_id = FreshId::new();
-        let wait_until = now_millis() + millis(policy.wait_timeout);
+        // One clock read serves the id's timestamp, the deadline and the first round (each
+        // read is a measurable share of a replay).
+        let start = now_millis();
+        let operation_id = FreshId::new(start);
+        let wait_until = start + millis(policy.wait_timeout);
         let waits = policy.concurrent == Concurrency::Wait;
         // A remote store subscribes first, so a key found in flight is waited on without asking
         // again (see `Store::remote`).
@@ -292,8 +295,13 @@ impl<S: Store> Engine<S> {
         let mut lead: Option<Lead> = None;
         let mut lead_sub: Option<Subscription> = None;
         let mut gate = waits;
+        let mut first_round = true;
         loop {
-            let now = now_millis();
+            let now = if std::mem::take(&mut first_round) {
+                start
+            } else {
+                now_millis()
+            };
             // One store call per key on this process (`lead.rs`): if another request here holds
             // the key's lead, wait for its hand-off instead of asking the store. Past the
             // deadline, ask the store for the real answer.
@@ -515,7 +523,7 @@ impl<S: Store> Engine<S> {
 /// asks the kernel for them, one `getrandom` system call per request.
 #[must_use]
 pub fn new_operation_id() -> String {
-    FreshId::new().as_str().to_owned()
+    FreshId::new(now_millis()).as_str().to_owned()
 }
 
 /// A new operation id held on the stack: `begin` needs one for every request, but only a
@@ -525,8 +533,8 @@ struct FreshId([u8; FreshId::LEN]);
 impl FreshId {
     const LEN: usize = 3 + uuid::fmt::Simple::LENGTH;
 
-    fn new() -> Self {
-        let id = uuid::Builder::from_unix_timestamp_millis(now_millis(), &rand::random()).into_uuid();
+    fn new(now: Millis) -> Self {
+        let id = uuid::Builder::from_unix_timestamp_millis(now, &rand::random()).into_uuid();
         let mut buf = [0; Self::LEN];
         buf[..3].copy_from_slice(b"op_");
         id.simple().encode_lower(&mut buf[3..]);
