@@ -119,7 +119,7 @@ impl<'a> Keys<'a> {
         for (key, counts) in self.slots() {
             let expected = Sha256::digest(key);
             self.work.set(self.work.get() + 1);
-            found |= presented.as_slice().ct_eq(expected.as_slice()) & counts;
+            found |= presented[..].ct_eq(&expected[..]) & counts;
         }
         found.into()
     }
