@@ -119,6 +119,9 @@ def main():
     m, rows, storms, rates, rts, growth, gskip = load(a.results, a.meta)
     noise = num(m.get("noise", "10"))
     repeat = int(num(m.get("repeat", "1")))
+    # Absent in results from before the harness re-ran widely spread rows.
+    extra_runs = int(num(m.get("extra_runs", "0")))
+    spread = int(num(m.get("spread_pct", "15")))
     out = []
     w = out.append
 
@@ -141,7 +144,9 @@ def main():
     w(f"- closed-loop rows: wrk {m.get('wrk', '?')}, 1 thread, {m.get('conns', '?')} connections, "
       f"{m.get('duration', '?')} measured after a discarded {m.get('warmup', '?')} warm-up, "
       "`POST /api/v1/orders` with `{\"amount\":100,\"currency\":\"eur\"}`"
-      + (f"; {repeat} runs per row, median by req/s with min-max in brackets" if repeat > 1 else ""))
+      + (f"; {repeat} runs per row, median by req/s with min-max in brackets" if repeat > 1 else "")
+      + (f" ({repeat + extra_runs} when the first {repeat} spread over {spread}% of their median)"
+         if repeat >= 3 and extra_runs > 0 else ""))
     w(f"- pinning: load generator and static upstream on CPU {m.get('lcpu', '?')}, system under test "
       f"(nginx, Node, idemgate) on CPU {m.get('scpu', '?')}; Redis and PostgreSQL are the machine's "
       f"own servers, Redis on CPU {m.get('rcpu', 'unpinned')} for the run, PostgreSQL unpinned; "

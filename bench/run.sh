@@ -30,6 +30,8 @@ CONNS="${BENCH_CONNECTIONS:-32}"
 THREADS=1
 POOL=1000
 REPEAT="${BENCH_REPEAT:-1}"  # measured runs per row; the median (by req/s) is reported
+SPREAD_PCT="${BENCH_SPREAD_PCT:-15}" # with 3+ runs: a row whose runs spread wider (max-min over median) ...
+EXTRA="${BENCH_EXTRA_RUNS:-2}"       # ... gets this many more runs before the median is taken
 NOISE_PCT="${BENCH_NOISE_PCT:-10}" # flag a row when foreign CPU exceeds this % of one core
 PEERS_ONLY="${BENCH_PEERS_ONLY:-0}"
 STORES="${BENCH_STORES-memory,embedded,redis,postgres}"
@@ -96,6 +98,7 @@ RATE_S="$(duration_secs "$RATE_DURATION")"
 GROWTH_S="$(duration_secs "$GROWTH_DURATION")"
 [[ "$CONNS" =~ ^[0-9]+$ ]] || die "BENCH_CONNECTIONS must be a number"
 [[ "$REPEAT" =~ ^[1-9][0-9]*$ ]] || die "BENCH_REPEAT must be a positive number"
+[[ "$SPREAD_PCT" =~ ^[0-9]+$ && "$EXTRA" =~ ^[0-9]+$ ]] || die "BENCH_SPREAD_PCT and BENCH_EXTRA_RUNS must be whole numbers"
 for s in ${STORES//,/ }; do
   case "$s" in memory|embedded|redis|postgres) ;; *) die "unknown store '$s' in BENCH_STORES" ;; esac
 done
@@ -507,8 +510,9 @@ bench_row() {
     profile_summary "$scenario" "$target" "$pdata"
   fi
   : >"$runs"
-  for ((i = 1; i <= REPEAT; i++)); do
-    log "$scenario / $target: measuring $DURATION (run $i/$REPEAT)"
+  local total="$REPEAT"
+  for ((i = 1; i <= total; i++)); do
+    log "$scenario / $target: measuring $DURATION (run $i/$total)"
     foreign_begin "$pid"
     case "$mode" in miss|mixed) run_wrk "$port" "$mode" "$(keyp m)" "$DURATION" ;; *) run_wrk "$port" "$mode" "$prefix" "$DURATION" ;; esac
     line="$WRK_LINE"
@@ -516,6 +520,12 @@ bench_row() {
     rss="$(rss_kb "$pid")"
     log "  ${line#RESULT } rss_kb=$rss foreign_cpu=${FOREIGN}% (of it steal ${STEAL}%)"
     echo "$line rss_kb=$rss foreign=$FOREIGN steal=$STEAL" >>"$runs"
+    # A row whose first runs disagree by more than the margins the targets are judged by gets
+    # a few more runs, so that its median rests on more than one lucky or unlucky run.
+    if ((i == REPEAT && REPEAT >= 3 && EXTRA > 0)) && [[ "$(spread_pct "$runs")" -gt "$SPREAD_PCT" ]]; then
+      total=$((REPEAT + EXTRA))
+      log "  runs spread over ${SPREAD_PCT}% of their median: $EXTRA more"
+    fi
   done
   # pick the median run by req/s; errors are summed over all runs
   awk -v scenario="$scenario" -v target="$target" '
@@ -532,6 +542,16 @@ bench_row() {
         r["foreign"], rps[idx[1]], rps[idx[n]], r["steal"]
     }' "$runs" >>"$RESULTS"
   LAST_RPS="$(awk -F'|' -v s="$scenario" -v t="$target" '$1 == "row" && $2 == s && $3 == t { v = $4 } END { print v + 0 }' "$RESULTS")"
+}
+
+# spread_pct RUNS-FILE -> (max - min) / median of the runs' req/s, in whole percent
+spread_pct() {
+  awk '{ for (i = 2; i <= NF; i++) if ($i ~ /^rps=/) { v[++n] = substr($i, 5) + 0 } }
+    END {
+      for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
+      med = v[int((n + 1) / 2)]
+      printf "%d\n", (n && med > 0) ? 100 * (v[n] - v[1]) / med : 0
+    }' "$1"
 }
 
 # profile_summary SCENARIO TARGET PERF.DATA: the top symbols by self time -> prof|... lines
@@ -891,7 +911,7 @@ meta rev "$rev"
 meta command "$cmd"
 meta wrk "$(wrk -v 2>&1 | head -n1 | awk '{print $2}')"
 meta nginx "$("$NGINX" -v 2>&1 | sed 's/^nginx version: //')"
-meta duration "$DURATION"; meta warmup "$WARMUP"; meta conns "$CONNS"; meta pool "$POOL"; meta repeat "$REPEAT"
+meta duration "$DURATION"; meta warmup "$WARMUP"; meta conns "$CONNS"; meta pool "$POOL"; meta repeat "$REPEAT"; meta spread_pct "$SPREAD_PCT"; meta extra_runs "$EXTRA"
 meta rate_duration "$RATE_DURATION"; meta rate_fraction "$RATE_FRACTION"
 meta growth_duration "$GROWTH_DURATION"; meta growth_budget "$GROWTH_BUDGET"
 meta storm_n "$STORM_N"; meta storm_delay_ms "$STORM_DELAY_MS"
