@@ -286,7 +286,7 @@ impl<S: Store> Engine<S> {
         // One clock read serves the id's timestamp, the deadline and the first round (each
         // read is a measurable share of a replay).
         let start = now_millis();
-        let operation_id = FreshId::new(start);
+        let operation_id = OperationId::fresh(start);
         let wait_until = start + millis(policy.wait_timeout);
         let waits = policy.concurrent == Concurrency::Wait;
         // A remote store subscribes first, so a key found in flight is waited on without asking
@@ -523,25 +523,30 @@ impl<S: Store> Engine<S> {
 /// asks the kernel for them, one `getrandom` system call per request.
 #[must_use]
 pub fn new_operation_id() -> String {
-    FreshId::new(now_millis()).as_str().to_owned()
+    OperationId::fresh(now_millis()).as_str().to_owned()
 }
 
-/// A new operation id held on the stack: `begin` needs one for every request, but only a
-/// request that executes keeps it (a replay, the usual retry, allocated it for nothing).
-struct FreshId([u8; FreshId::LEN]);
+/// An operation id of the usual form, `op_` and the 32 lower-case hex digits of a UUID, held on
+/// the stack: `begin` needs a fresh one for every request, but only a request that executes
+/// keeps it (a replay, the usual retry, allocated it for nothing), and the memory store writes
+/// stored ids back in this form.
+pub(crate) struct OperationId([u8; OperationId::LEN]);
 
-impl FreshId {
+impl OperationId {
     const LEN: usize = 3 + uuid::fmt::Simple::LENGTH;
 
-    fn new(now: Millis) -> Self {
-        let id = uuid::Builder::from_unix_timestamp_millis(now, &rand::random()).into_uuid();
+    fn fresh(now: Millis) -> Self {
+        Self::of(uuid::Builder::from_unix_timestamp_millis(now, &rand::random()).into_uuid())
+    }
+
+    pub(crate) fn of(id: uuid::Uuid) -> Self {
         let mut buf = [0; Self::LEN];
         buf[..3].copy_from_slice(b"op_");
         id.simple().encode_lower(&mut buf[3..]);
         Self(buf)
     }
 
-    fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         // `op_` and lower-case hex digits: ASCII.
         std::str::from_utf8(&self.0).unwrap_or("op_")
     }

@@ -61,6 +61,7 @@ use bytes::Bytes;
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry as Slot;
 
+use crate::engine::OperationId;
 use crate::fingerprint::Fingerprint;
 use crate::notify::Notifier;
 use crate::record::{LeaseToken, Millis, Record, RecordState, StoredResponse, now_millis};
@@ -376,15 +377,9 @@ impl MemoryStore {
         let generation = r.varint()?;
         let operation_id = match (flags & OP_MASK) >> OP_SHIFT {
             OP_RAW => r.string()?,
-            OP_PREFIXED_UUID => {
-                let id = uuid::Uuid::from_bytes(r.array()?);
-                let mut buf = uuid::Uuid::encode_buffer();
-                // Not `format!`: its machinery cost more than the rest of the decode.
-                let mut s = String::with_capacity(3 + uuid::fmt::Simple::LENGTH);
-                s.push_str("op_");
-                s.push_str(id.simple().encode_lower(&mut buf));
-                s
-            }
+            OP_PREFIXED_UUID => OperationId::of(uuid::Uuid::from_bytes(r.array()?))
+                .as_str()
+                .to_owned(),
             OP_HYPHENATED_UUID => uuid::Uuid::from_bytes(r.array()?).hyphenated().to_string(),
             _ => return Err(Corrupt("operation id form")),
         };

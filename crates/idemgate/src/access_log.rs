@@ -63,7 +63,7 @@ impl AccessLog {
     /// Records the namespaced key, as its digest. The digest (a SHA-256) is only computed when
     /// access lines are written at all.
     pub fn set_key(&mut self, key: &str) {
-        if tracing::enabled!(target: "idemgate::access", tracing::Level::INFO) {
+        if lines_written() {
             self.key_digest = idemgate_core::namespace::key_digest(key);
         }
     }
@@ -71,7 +71,7 @@ impl AccessLog {
     /// Records the operation id, only when access lines are written at all (the copy was one
     /// of a replay's allocations).
     pub fn set_operation_id(&mut self, id: &str) {
-        if tracing::enabled!(target: "idemgate::access", tracing::Level::INFO) {
+        if lines_written() {
             id.clone_into(&mut self.operation_id);
         }
     }
@@ -104,4 +104,9 @@ impl AccessLog {
             "request"
         );
     }
+}
+
+/// Whether access lines are written at all: the fields only a line reads are gathered then.
+fn lines_written() -> bool {
+    tracing::enabled!(target: "idemgate::access", tracing::Level::INFO)
 }

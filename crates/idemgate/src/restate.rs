@@ -200,7 +200,7 @@ impl Gateway {
         let (mut head, body) = resp.into_parts();
         client_headers(&mut head.headers);
         if let Some(op) = head.headers.get(OPERATION_ID).and_then(|v| v.to_str().ok()) {
-            log.operation_id = op.to_owned();
+            log.set_operation_id(op);
         }
         // Restate sends `idempotency-expires` only when it answers from a completed invocation
         // of the key (not on the first execution): that is a replay in SPEC 4's sense.
@@ -264,7 +264,7 @@ impl Gateway {
                 let (mut head, body) = resp.into_parts();
                 client_headers(&mut head.headers);
                 if let Some(op) = head.headers.get(OPERATION_ID).and_then(|v| v.to_str().ok()) {
-                    log.operation_id = op.to_owned();
+                    log.set_operation_id(op);
                 }
                 head.headers
                     .insert(route.replayed_header.clone(), HeaderValue::from_static("true"));
