@@ -372,11 +372,13 @@ async fn raw_keys_never_reach_the_log() {
     let up = Upstream::start().await;
     let gw = Gateway::start(&up, "memory", "").await;
     let k = key("secret-key-material");
+    let mut operation_ids = Vec::new();
     for _ in 0..2 {
-        post(&gw.url("/api/v1/orders"), Some(&k), "{}")
+        let r = post(&gw.url("/api/v1/orders"), Some(&k), "{}")
             .send()
             .await
             .unwrap();
+        operation_ids.push(header(&r, "x-operation-id").expect("x-operation-id").to_owned());
     }
     post(&gw.url("/api/v1/orders"), Some(&k), "{\"x\":1}")
         .send()
@@ -388,6 +390,11 @@ async fn raw_keys_never_reach_the_log() {
         "access lines are written: {log}"
     );
     assert!(log.contains("\"cache_hit\":true"));
+    // The execution and its replay carry their operation id and method into the access line.
+    assert_eq!(operation_ids[0], operation_ids[1]);
+    let line = format!("\"operation_id\":\"{}\"", operation_ids[0]);
+    assert_eq!(log.matches(&line).count(), 2, "{log}");
+    assert!(log.contains("\"method\":\"POST\""), "{log}");
     assert!(!log.contains(&k), "the raw key leaked into the log");
 }
 
