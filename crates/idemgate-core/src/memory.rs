@@ -501,21 +501,18 @@ enum OpId<'a> {
 impl<'a> OpId<'a> {
     fn of(s: &'a str) -> Self {
         // Only a form that encodes back to exactly `s` is packed, so every id round-trips.
-        // (No let chains: the workspace's rust-version predates them.)
         let mut buf = uuid::Uuid::encode_buffer();
-        if let Some(hex) = s.strip_prefix("op_").filter(|h| h.len() == 32) {
-            if let Ok(id) = uuid::Uuid::try_parse(hex) {
-                if id.simple().encode_lower(&mut buf) == hex {
-                    return Self::Uuid(OP_PREFIXED_UUID, id.into_bytes());
-                }
-            }
+        if let Some(hex) = s.strip_prefix("op_").filter(|h| h.len() == 32)
+            && let Ok(id) = uuid::Uuid::try_parse(hex)
+            && id.simple().encode_lower(&mut buf) == hex
+        {
+            return Self::Uuid(OP_PREFIXED_UUID, id.into_bytes());
         }
-        if s.len() == 36 {
-            if let Ok(id) = uuid::Uuid::try_parse(s) {
-                if id.hyphenated().encode_lower(&mut buf) == s {
-                    return Self::Uuid(OP_HYPHENATED_UUID, id.into_bytes());
-                }
-            }
+        if s.len() == 36
+            && let Ok(id) = uuid::Uuid::try_parse(s)
+            && id.hyphenated().encode_lower(&mut buf) == s
+        {
+            return Self::Uuid(OP_HYPHENATED_UUID, id.into_bytes());
         }
         Self::Raw(s)
     }

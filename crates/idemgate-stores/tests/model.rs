@@ -78,7 +78,7 @@ fn response(id: usize) -> StoredResponse {
     StoredResponse {
         status: 200 + (id % 3) as u16,
         headers: vec![("x-op".into(), id.to_string().into())],
-        body: (id % 5 != 0).then(|| format!("body of op {id}").into()),
+        body: (!id.is_multiple_of(5)).then(|| format!("body of op {id}").into()),
     }
 }
 

@@ -153,12 +153,12 @@ impl Gateway {
         log: &mut AccessLog,
     ) -> Result<Response<Body>, Problem> {
         check_framing(req.headers())?;
-        if req.method() == http::Method::GET {
-            if let Some((route, raw, output)) = self.recovery_target(req.uri().path()) {
-                log.endpoint.clone_from(&route.id);
-                log.policy = "recovery";
-                return Box::pin(self.recover(&route, &req, peer, &raw, output, log)).await;
-            }
+        if req.method() == http::Method::GET
+            && let Some((route, raw, output)) = self.recovery_target(req.uri().path())
+        {
+            log.endpoint.clone_from(&route.id);
+            log.policy = "recovery";
+            return Box::pin(self.recover(&route, &req, peer, &raw, output, log)).await;
         }
         let Some(route) = self.config.routes.find(req.method(), req.uri().path()).cloned() else {
             return Err(Problem::new(

@@ -65,7 +65,9 @@ impl AnyStore {
                     timeout: config.timeout,
                 };
                 // Redis expires keys itself: no sweeper.
-                Self::Redis(Arc::new(RedisStore::new(&redis).map_err(StoreError::backend)?))
+                let store = Arc::new(RedisStore::new(&redis).map_err(StoreError::backend)?);
+                connect_early("redis", &store);
+                Self::Redis(store)
             }
             StoreKind::Postgres => {
                 let pg = PostgresConfig {
@@ -75,20 +77,27 @@ impl AnyStore {
                 };
                 let store = Arc::new(PostgresStore::new(&pg).map_err(StoreError::backend)?);
                 store.spawn_sweeper(SWEEP_EVERY);
-                // Migrate now rather than on the first request; if the database is down, the
-                // first request after it comes back does it.
-                let eager = Arc::downgrade(&store);
-                tokio::spawn(async move {
-                    if let Some(store) = eager.upgrade()
-                        && let Err(e) = store.ping().await
-                    {
-                        tracing::warn!(error = %e, "postgres store not reachable yet; requests follow on_store_error until it is");
-                    }
-                });
+                // PostgreSQL also migrates on its first connection.
+                connect_early("postgres", &store);
                 Self::Postgres(store)
             }
         })
     }
+}
+
+/// Connects a networked store in the background now rather than on the first request: that
+/// request would otherwise wait for the handshake (and, on PostgreSQL, the migration), and in a
+/// burst its connection's replies queue behind the whole burst (docs/benchmarks.md, duplicate
+/// storm). If the server is down, the first request after it comes back connects.
+fn connect_early<S: Store + 'static>(kind: &'static str, store: &Arc<S>) {
+    let store = Arc::downgrade(store);
+    tokio::spawn(async move {
+        if let Some(store) = store.upgrade()
+            && let Err(e) = store.ping().await
+        {
+            tracing::warn!(error = %e, store = kind, "store not reachable yet; requests follow on_store_error until it is");
+        }
+    });
 }
 
 /// `fut` bounded by `limit`.

@@ -286,10 +286,10 @@ impl Drop for UpstreamBody {
         if !self.is_end_stream() {
             return;
         }
-        if let Some((conn, pool, authority)) = self.back.take() {
-            if !conn.is_closed() {
-                pool.checkin(&authority, conn);
-            }
+        if let Some((conn, pool, authority)) = self.back.take()
+            && !conn.is_closed()
+        {
+            pool.checkin(&authority, conn);
         }
     }
 }

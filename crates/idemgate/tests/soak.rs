@@ -118,7 +118,7 @@ async fn soak_steady_rate_with_retries() {
         tick.tick().await;
         n += 1;
         // One request in ten retries a key from the last few seconds (a replay).
-        let key = if n % 10 == 0 && !recent.is_empty() {
+        let key = if n.is_multiple_of(10) && !recent.is_empty() {
             retries += 1;
             recent[usize::try_from(n).unwrap() % recent.len()].clone()
         } else {

@@ -40,7 +40,7 @@ impl Traffic {
             tokio::spawn(async move {
                 let mut i = 0usize;
                 while !stop.load(Ordering::Relaxed) {
-                    let k = if i % 2 == 0 {
+                    let k = if i.is_multiple_of(2) {
                         done[(i / 2) % done.len()].clone()
                     } else {
                         key("traffic")

@@ -512,10 +512,11 @@ fn resolve_route(
         return Err(("provider", "only `policy: webhook` routes take a provider".into()));
     }
     let target = crate::restate::check_route(rf, &upstream)?;
-    if let Some(p) = &rf.project {
-        if p != idemgate_core::namespace::PROJECT_TENANT && p != idemgate_core::namespace::PROJECT_PLATFORM {
-            return Err(("project", format!("`{p}` must be `_tenant` or `_platform`")));
-        }
+    if let Some(p) = &rf.project
+        && p != idemgate_core::namespace::PROJECT_TENANT
+        && p != idemgate_core::namespace::PROJECT_PLATFORM
+    {
+        return Err(("project", format!("`{p}` must be `_tenant` or `_platform`")));
     }
     // SPEC 4.1: `subject` once identity is configured; without identity there is no principal,
     // so `global`.
