@@ -167,3 +167,52 @@ impl Store for AnyStore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    /// A networked store opens its command connection as the gateway starts, not on the first
+    /// request. The listener is not a Redis or PostgreSQL server: it only counts the connections
+    /// that arrive before any request is made, which a shared server could not tell apart from
+    /// the other tests'. Two are expected: the notification connection, which each store opens
+    /// at construction, and the command connection. Nothing answers them, and the store's
+    /// timeout is longer than the wait, so neither is retried within it.
+    #[tokio::test]
+    async fn networked_stores_connect_at_start() {
+        for (kind, scheme, db) in [
+            (StoreKind::Redis, "redis", "0"),
+            (StoreKind::Postgres, "postgres", "test"),
+        ] {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            let config = StoreConfig {
+                kind,
+                path: PathBuf::new(),
+                max_bytes: 0,
+                url: Some(format!("{scheme}://idemgate@127.0.0.1:{port}/{db}")),
+                timeout: Duration::from_secs(60),
+                prefix: "connect-at-start".into(),
+                pool_size: 1,
+            };
+            let _store = AnyStore::open(&config).expect("a store opens while its server is unreachable");
+            // Held open: a closed connection would be retried and counted twice.
+            let mut open = Vec::new();
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while open.len() < 2 {
+                match tokio::time::timeout_at(deadline, listener.accept()).await {
+                    Ok(Ok((conn, _))) => open.push(conn),
+                    _ => break,
+                }
+            }
+            assert_eq!(
+                open.len(),
+                2,
+                "the {scheme} store opened {} connection(s) within 5 s of opening, not its notification and command connections",
+                open.len()
+            );
+        }
+    }
+}
