@@ -1,0 +1,261 @@
+//! The encoding of one entry: the layout in the [module documentation](super), written by
+//! [`write_entry`] and read back through [`Reader`]. Nothing here touches a table or a lock.
+
+use crate::record::{Millis, Record, RecordState};
+
+/// A compression dictionary for stored header names: the storable response headers of
+/// [`crate::engine::is_storable_header`] (kept in upstream order there, not here). A name not in
+/// it is stored inline, so this list falling behind the allow-list only costs bytes.
+pub(super) const HEADER_NAMES: &[&str] = &[
+    "content-type",
+    "location",
+    "etag",
+    "cache-control",
+    "content-disposition",
+    "content-encoding",
+    "content-language",
+    "content-location",
+    "expires",
+    "last-modified",
+    "link",
+    "retry-after",
+    "vary",
+    "x-request-id",
+];
+
+pub(super) const COMPLETED: u8 = 1;
+pub(super) const HAS_BODY: u8 = 1 << 1;
+pub(super) const NEVER_EXPIRES: u8 = 1 << 2;
+pub(super) const OP_SHIFT: u8 = 3;
+pub(super) const OP_MASK: u8 = 0b11 << OP_SHIFT;
+pub(super) const OP_RAW: u8 = 0;
+pub(super) const OP_PREFIXED_UUID: u8 = 1;
+pub(super) const OP_HYPHENATED_UUID: u8 = 2;
+
+/// How an operation id is stored: the gateway's own ids (`op_` and a UUIDv7 in lowercase hex)
+/// and hyphenated UUIDs as their 16 bytes, anything else as it is.
+pub(super) enum OpId<'a> {
+    Raw(&'a str),
+    Uuid(u8, [u8; 16]),
+}
+
+impl<'a> OpId<'a> {
+    pub(super) fn of(s: &'a str) -> Self {
+        // Only a form that encodes back to exactly `s` is packed, so every id round-trips.
+        let mut buf = uuid::Uuid::encode_buffer();
+        if let Some(hex) = s.strip_prefix("op_").filter(|h| h.len() == 32)
+            && let Ok(id) = uuid::Uuid::try_parse(hex)
+            && id.simple().encode_lower(&mut buf) == hex
+        {
+            return Self::Uuid(OP_PREFIXED_UUID, id.into_bytes());
+        }
+        if s.len() == 36
+            && let Ok(id) = uuid::Uuid::try_parse(s)
+            && id.hyphenated().encode_lower(&mut buf) == s
+        {
+            return Self::Uuid(OP_HYPHENATED_UUID, id.into_bytes());
+        }
+        Self::Raw(s)
+    }
+
+    pub(super) fn form(&self) -> u8 {
+        match self {
+            Self::Raw(_) => OP_RAW,
+            Self::Uuid(form, _) => *form,
+        }
+    }
+}
+
+/// Where an entry is written: [`Count`] to size it, then a `Vec` to fill it.
+pub(super) trait Sink {
+    fn put(&mut self, bytes: &[u8]);
+
+    fn varint(&mut self, mut v: u64) {
+        let mut buf = [0u8; 10];
+        let mut n = 0;
+        while v >= 0x80 {
+            #[allow(clippy::cast_possible_truncation)] // the low seven bits
+            let low = (v as u8) | 0x80;
+            buf[n] = low;
+            v >>= 7;
+            n += 1;
+        }
+        #[allow(clippy::cast_possible_truncation)] // below 0x80
+        let last = v as u8;
+        buf[n] = last;
+        self.put(&buf[..=n]);
+    }
+
+    fn len(&mut self, n: usize) {
+        self.varint(n as u64);
+    }
+
+    fn bytes(&mut self, b: &[u8]) {
+        self.len(b.len());
+        self.put(b);
+    }
+}
+
+pub(super) struct Count(pub(super) usize);
+
+impl Sink for Count {
+    fn put(&mut self, bytes: &[u8]) {
+        self.0 += bytes.len();
+    }
+}
+
+impl Sink for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+pub(super) fn write_entry(out: &mut impl Sink, key: &str, rec: &Record, route: Option<usize>, op: &OpId<'_>) {
+    out.bytes(key.as_bytes());
+    let (completed, body) = match &rec.state {
+        RecordState::InFlight { .. } => (false, None),
+        RecordState::Completed { response, .. } => (true, response.body.as_ref()),
+    };
+    let mut flags = op.form() << OP_SHIFT;
+    if completed {
+        flags |= COMPLETED;
+    }
+    if body.is_some() {
+        flags |= HAS_BODY;
+    }
+    if rec.expires_at == Millis::MAX {
+        flags |= NEVER_EXPIRES;
+    }
+    out.put(&[flags]);
+    out.varint(rec.created_at);
+    if rec.expires_at != Millis::MAX {
+        out.varint(to_delta(rec.created_at, rec.expires_at));
+    }
+    out.put(&rec.fingerprint.0);
+    out.put(&rec.token().0.to_le_bytes());
+    out.varint(rec.generation);
+    match op {
+        OpId::Raw(s) => out.bytes(s.as_bytes()),
+        OpId::Uuid(_, b) => out.put(b),
+    }
+    match route {
+        Some(i) => out.len(i + 1),
+        None => {
+            out.varint(0);
+            out.bytes(rec.route.as_bytes());
+        }
+    }
+    match &rec.state {
+        RecordState::InFlight { lease_until, .. } => out.varint(to_delta(rec.created_at, *lease_until)),
+        RecordState::Completed { response, .. } => {
+            out.varint(u64::from(response.status));
+            out.len(response.headers.len());
+            for (name, value) in &response.headers {
+                match HEADER_NAMES.iter().position(|n| n == name) {
+                    Some(i) => out.len(i),
+                    None => {
+                        out.len(HEADER_NAMES.len() + name.len());
+                        out.put(name.as_bytes());
+                    }
+                }
+                out.bytes(value);
+            }
+            if let Some(body) = body {
+                out.put(body);
+            }
+        }
+    }
+}
+
+/// A time relative to `base`, zigzag-encoded: the times of a record lie a little after its
+/// creation, so this is a short varint; wrapping arithmetic keeps every value exact.
+#[allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
+pub(super) fn to_delta(base: Millis, t: Millis) -> u64 {
+    let d = t.wrapping_sub(base) as i64;
+    ((d << 1) ^ (d >> 63)) as u64
+}
+
+#[allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
+pub(super) fn from_delta(base: Millis, z: u64) -> Millis {
+    let d = ((z >> 1) as i64) ^ -((z & 1) as i64);
+    base.wrapping_add(d as u64)
+}
+
+/// A stored entry that does not decode: a bug in this file, reported as [`StoreError::Corrupt`].
+#[derive(Debug, thiserror::Error)]
+#[error("memory store entry does not decode: {0}")]
+pub(super) struct Corrupt(pub(super) &'static str);
+
+pub(super) struct Reader<'a>(pub(super) &'a [u8]);
+
+impl<'a> Reader<'a> {
+    pub(super) fn take(&mut self, n: usize) -> Result<&'a [u8], Corrupt> {
+        if n > self.0.len() {
+            return Err(Corrupt("truncated"));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    pub(super) fn array<const N: usize>(&mut self) -> Result<[u8; N], Corrupt> {
+        self.take(N)?.try_into().map_err(|_| Corrupt("truncated"))
+    }
+
+    pub(super) fn byte(&mut self) -> Result<u8, Corrupt> {
+        Ok(self.take(1)?[0])
+    }
+
+    pub(super) fn varint(&mut self) -> Result<u64, Corrupt> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.byte()?;
+            let bits = u64::from(b & 0x7f);
+            if shift == 63 && bits > 1 {
+                return Err(Corrupt("varint overflow"));
+            }
+            v |= bits << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(Corrupt("varint too long"))
+    }
+
+    pub(super) fn len(&mut self) -> Result<usize, Corrupt> {
+        usize::try_from(self.varint()?).map_err(|_| Corrupt("length"))
+    }
+
+    pub(super) fn string(&mut self) -> Result<String, Corrupt> {
+        let n = self.len()?;
+        utf8(self.take(n)?)
+    }
+
+    pub(super) fn rest(&mut self) -> &'a [u8] {
+        std::mem::take(&mut self.0)
+    }
+}
+
+pub(super) fn utf8(b: &[u8]) -> Result<String, Corrupt> {
+    String::from_utf8(b.to_vec()).map_err(|_| Corrupt("utf-8"))
+}
+
+/// The key an entry starts with; `None` only for an entry `encode` did not write.
+pub(super) fn entry_key(entry: &[u8]) -> Option<&[u8]> {
+    let mut r = Reader(entry);
+    let n = r.len().ok()?;
+    r.take(n).ok()
+}
+
+/// When an entry's record expires, read without decoding the rest.
+pub(super) fn entry_expires_at(entry: &[u8]) -> Option<Millis> {
+    let mut r = Reader(entry);
+    let n = r.len().ok()?;
+    r.take(n).ok()?;
+    let flags = r.byte().ok()?;
+    let created_at = r.varint().ok()?;
+    if flags & NEVER_EXPIRES != 0 {
+        return Some(Millis::MAX);
+    }
+    Some(from_delta(created_at, r.varint().ok()?))
+}

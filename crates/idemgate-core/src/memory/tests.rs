@@ -1,0 +1,367 @@
+use super::*;
+use proptest::prelude::*;
+
+fn req(token: LeaseToken, now: Millis) -> BeginRequest<'static> {
+    BeginRequest {
+        fingerprint: Fingerprint([1; 32]),
+        route: "r",
+        token,
+        operation_id: "op",
+        lease_ms: 1_000,
+        retention_ms: 10_000,
+        takeover: true,
+        now,
+    }
+}
+
+#[tokio::test]
+async fn a_sweep_removes_exactly_the_records_due() {
+    let store = MemoryStore::new(1 << 30);
+    // Records expiring every 250 ms over 50 s (retention 10 s from their begin).
+    let keys: Vec<(String, Millis)> = (0..200u64)
+        .map(|i| (format!("k{i}"), 1_000_000 + i * 250))
+        .collect();
+    for (key, now) in &keys {
+        store.begin(key, &req(LeaseToken::random(), *now)).await.unwrap();
+    }
+    // One record moves its expiry later (completed 30 s after its begin): its old bucket
+    // entry goes stale and must not remove it.
+    let (moved, begun) = (&keys[0].0, keys[0].1);
+    let token = match store.get(moved, begun).await.unwrap().unwrap().state {
+        RecordState::InFlight { token, .. } => token,
+        RecordState::Completed { .. } => unreachable!(),
+    };
+    let ok = StoredResponse {
+        status: 200,
+        headers: vec![],
+        body: Some(Bytes::from_static(b"{}")),
+    };
+    store
+        .complete(moved, token, ok, 10_000, begun + 5_000)
+        .await
+        .unwrap();
+    let moved_expiry = begun + 15_000;
+    for sweep_at in [1_005_000, 1_010_000, 1_010_001, 1_022_222, 1_035_000, 1_060_000] {
+        store.sweep(sweep_at);
+        for (key, begun) in &keys {
+            let expiry = if key == moved {
+                moved_expiry
+            } else {
+                begun + 10_000
+            };
+            let present = lock(&store.shards[shard_of(store.hash(key.as_bytes()))])
+                .find(store.hash(key.as_bytes()), |s| {
+                    entry_key(&s.entry) == Some(key.as_bytes())
+                })
+                .is_some();
+            assert_eq!(
+                present,
+                sweep_at < expiry,
+                "{key} (expires {expiry}) after a sweep at {sweep_at}"
+            );
+        }
+    }
+    assert!(store.is_empty());
+    assert_eq!(store.used_bytes(), 0);
+    let indexed: usize = store
+        .expiries
+        .iter()
+        .map(|e| lock(e).values().map(Vec::len).sum::<usize>())
+        .sum();
+    assert_eq!(indexed, 0, "the index keeps nothing once every record is gone");
+}
+
+#[tokio::test]
+async fn a_full_store_refuses_new_keys_but_never_evicts_live_ones() {
+    let store = MemoryStore::new(1_000);
+    let mut held = Vec::new();
+    let mut i = 0;
+    let refused = loop {
+        let key = format!("k{i}");
+        match store.begin(&key, &req(LeaseToken::random(), 0)).await {
+            Ok(Begin::Acquired { .. }) => held.push(key),
+            Err(StoreError::Full) => break key,
+            other => panic!("{other:?}"),
+        }
+        i += 1;
+    };
+    assert!(!held.is_empty());
+    // Every live record is still there, and the refused key left nothing behind.
+    for key in &held {
+        assert!(store.get(key, 0).await.unwrap().is_some(), "{key} was evicted");
+    }
+    assert!(store.get(&refused, 0).await.unwrap().is_none());
+    // Once records expire and are swept, there is room again.
+    assert_eq!(store.sweep(20_000), held.len());
+    assert_eq!(store.used_bytes(), 0);
+    assert!(matches!(
+        store.begin(&refused, &req(LeaseToken::random(), 20_000)).await,
+        Ok(Begin::Acquired { .. })
+    ));
+}
+
+/// A completed record as the gateway stores one: a namespaced key, a UUIDv7 operation id,
+/// a JSON body and its content type.
+fn typical(body: &[u8]) -> (String, Record) {
+    let key = "t-*:*:*:order-2f6c1a9e-7b41-4c3e-9d0a-5e8f3b2c1d7a".to_owned();
+    let now = 1_767_225_600_000;
+    let rec = Record {
+        state: RecordState::Completed {
+            token: LeaseToken(u128::MAX / 3),
+            response: StoredResponse {
+                status: 201,
+                headers: vec![("content-type".into(), Bytes::from_static(b"application/json"))],
+                body: Some(Bytes::copy_from_slice(body)),
+            },
+        },
+        fingerprint: Fingerprint([0xab; 32]),
+        route: "orders".into(),
+        operation_id: crate::engine::new_operation_id(),
+        created_at: now,
+        expires_at: now + 86_400_000,
+        generation: 1,
+    };
+    (key, rec)
+}
+
+fn round_trip(store: &MemoryStore, key: &str, rec: &Record) -> Result<(), TestCaseError> {
+    let entry = store.encode(key, rec);
+    prop_assert_eq!(entry_key(&entry), Some(key.as_bytes()));
+    prop_assert_eq!(entry_expires_at(&entry), Some(rec.expires_at));
+    prop_assert_eq!(&store.decode(&entry).unwrap(), rec);
+    // A damaged entry is an error (or, cut inside the body, a shorter body), never a panic.
+    for cut in (0..entry.len()).filter(|c| *c < 200 || c % 61 == 0) {
+        let _ = store.decode(&entry[..cut]);
+        let _ = entry_expires_at(&entry[..cut]);
+    }
+    Ok(())
+}
+
+fn uuid_bytes() -> impl Strategy<Value = uuid::Uuid> {
+    any::<[u8; 16]>().prop_map(uuid::Uuid::from_bytes)
+}
+
+fn operation_id() -> impl Strategy<Value = String> {
+    prop_oneof![
+        uuid_bytes().prop_map(|u| format!("op_{}", u.simple())),
+        uuid_bytes().prop_map(|u| u.hyphenated().to_string()),
+        // Near misses that must stay as they are: other case, other forms, other lengths.
+        uuid_bytes().prop_map(|u| format!("op_{}", u.simple()).to_uppercase()),
+        uuid_bytes().prop_map(|u| format!("op_{}", u.hyphenated())),
+        uuid_bytes().prop_map(|u| u.urn().to_string()),
+        uuid_bytes().prop_map(|u| u.braced().to_string()),
+        uuid_bytes().prop_map(|u| u.hyphenated().to_string().to_uppercase()),
+        "op_[0-9a-fA-F]{30,34}",
+        "op",
+        ".{0,40}",
+    ]
+}
+
+fn millis() -> impl Strategy<Value = Millis> {
+    prop_oneof![
+        any::<u64>(),
+        Just(0),
+        Just(Millis::MAX),
+        1_700_000_000_000..1_900_000_000_000u64,
+    ]
+}
+
+fn response() -> impl Strategy<Value = StoredResponse> {
+    let name = prop_oneof![
+        proptest::sample::select(HEADER_NAMES).prop_map(str::to_owned),
+        "[a-z-]{0,24}",
+        ".{0,8}",
+    ];
+    let value = proptest::collection::vec(any::<u8>(), 0..80).prop_map(Bytes::from);
+    let body = proptest::option::of(proptest::collection::vec(any::<u8>(), 0..3000).prop_map(Bytes::from));
+    (
+        any::<u16>(),
+        proptest::collection::vec((name, value), 0..40),
+        body,
+    )
+        .prop_map(|(status, headers, body)| StoredResponse {
+            status,
+            headers,
+            body,
+        })
+}
+
+fn record() -> impl Strategy<Value = Record> {
+    let state = prop_oneof![
+        (any::<u128>(), millis()).prop_map(|(t, lease_until)| RecordState::InFlight {
+            token: LeaseToken(t),
+            lease_until
+        }),
+        (any::<u128>(), response()).prop_map(|(t, response)| RecordState::Completed {
+            token: LeaseToken(t),
+            response
+        }),
+    ];
+    let route = prop_oneof!["[a-z]{1,6}", ".{0,20}"];
+    (
+        state,
+        any::<[u8; 32]>(),
+        route,
+        operation_id(),
+        (millis(), millis(), any::<u64>()),
+    )
+        .prop_map(
+            |(state, fp, route, operation_id, (created_at, expires_at, generation))| Record {
+                state,
+                fingerprint: Fingerprint(fp),
+                route,
+                operation_id,
+                created_at,
+                expires_at,
+                generation,
+            },
+        )
+}
+
+proptest! {
+    #[test]
+    fn every_record_round_trips_through_its_entry(key in ".{0,300}", rec in record()) {
+        let store = MemoryStore::new(usize::MAX);
+        round_trip(&store, &key, &rec)?;
+    }
+
+    #[test]
+    fn records_share_one_store_s_route_table(recs in proptest::collection::vec((".{0,20}", record()), 1..20)) {
+        let store = MemoryStore::new(usize::MAX);
+        let entries: Vec<_> = recs.iter().map(|(k, r)| store.encode(k, r)).collect();
+        for ((key, rec), entry) in recs.iter().zip(&entries) {
+            prop_assert_eq!(entry_key(entry), Some(key.as_bytes()));
+            prop_assert_eq!(&store.decode(entry).unwrap(), rec);
+        }
+    }
+}
+
+#[test]
+fn gateway_operation_ids_are_packed_and_others_kept_verbatim() {
+    let id = crate::engine::new_operation_id();
+    assert!(matches!(OpId::of(&id), OpId::Uuid(OP_PREFIXED_UUID, _)));
+    let hyphenated = uuid::Uuid::now_v7().hyphenated().to_string();
+    assert!(matches!(OpId::of(&hyphenated), OpId::Uuid(OP_HYPHENATED_UUID, _)));
+    for other in [
+        id.to_uppercase(),
+        format!("{id}0"),
+        id[..34].to_owned(),
+        hyphenated.to_uppercase(),
+        String::new(),
+    ] {
+        assert!(matches!(OpId::of(&other), OpId::Raw(_)), "{other}");
+    }
+}
+
+#[test]
+fn routes_past_the_interned_table_are_stored_inline() {
+    let store = MemoryStore::new(usize::MAX);
+    let (key, mut rec) = typical(b"{}");
+    let mut entries = Vec::new();
+    for i in 0..ROUTE_SLOTS + 10 {
+        rec.route = format!("route-{i}");
+        entries.push((store.encode(&key, &rec), rec.clone()));
+    }
+    assert_eq!(store.routes.len.load(Ordering::Relaxed), ROUTE_SLOTS);
+    for (entry, rec) in &entries {
+        assert_eq!(&store.decode(entry).unwrap(), rec);
+    }
+    // An interned route costs one byte; an inline one its name.
+    let interned = store.encode(&key, &entries[0].1).len();
+    let inline = store.encode(&key, &entries[ROUTE_SLOTS + 9].1).len();
+    assert_eq!(inline, interned + 1 + "route-264".len());
+}
+
+#[test]
+fn a_typical_completed_record_fits_its_body_plus_256_bytes() {
+    let store = MemoryStore::new(usize::MAX);
+    let body = br#"{"ok":true,"id":"ord_1"}"#;
+    let (key, rec) = typical(body);
+    let entry = store.encode(&key, &rec);
+    // 51 key bytes, 32 fingerprint, 16 token, 16 operation id, 16 content type, the body,
+    // and about twenty bytes of lengths, flags, times, status and indexes.
+    assert!(
+        entry.len() <= key.len() + body.len() + 32 + 16 + 16 + 16 + 24,
+        "{}",
+        entry.len()
+    );
+    assert!(cost(&entry) <= body.len() + 256, "{}", cost(&entry));
+}
+
+#[tokio::test]
+async fn used_bytes_follow_every_write() {
+    let store = MemoryStore::new(usize::MAX);
+    let (key, done) = typical(br#"{"ok":true}"#);
+    let RecordState::Completed { token, response } = &done.state else {
+        unreachable!()
+    };
+    let now = done.created_at;
+    let begin = BeginRequest {
+        fingerprint: done.fingerprint,
+        route: "orders",
+        token: *token,
+        operation_id: &done.operation_id,
+        lease_ms: 30_000,
+        retention_ms: 86_400_000,
+        takeover: true,
+        now,
+    };
+    let entry_cost = |store: &MemoryStore, key: &str, now| {
+        let (hash, table) = store.shard(key);
+        let rec = store.find(&table, hash, key).unwrap().unwrap();
+        assert!(rec.is_live(now));
+        cost(&table.find(hash, |s| s.is(hash, key)).unwrap().entry)
+    };
+
+    assert!(matches!(
+        store.begin(&key, &begin).await,
+        Ok(Begin::Acquired { .. })
+    ));
+    let in_flight = entry_cost(&store, &key, now);
+    assert_eq!(store.used_bytes(), in_flight);
+    // A retried begin and a renewal rewrite the record in place: still one record's bytes.
+    assert!(matches!(
+        store.begin(&key, &begin).await,
+        Ok(Begin::Acquired { .. })
+    ));
+    store.renew(&key, *token, now + 60_000).await.unwrap();
+    assert_eq!(store.used_bytes(), entry_cost(&store, &key, now));
+
+    store
+        .complete(&key, *token, response.clone(), 86_400_000, now)
+        .await
+        .unwrap();
+    let completed = entry_cost(&store, &key, now);
+    assert_eq!(store.used_bytes(), completed);
+    assert!(completed > in_flight);
+    assert!(completed <= response.body.as_ref().unwrap().len() + 256);
+
+    // A second key adds its own bytes; purging and releasing take them back exactly.
+    let other = LeaseToken(7);
+    let req2 = BeginRequest {
+        token: other,
+        ..begin.clone()
+    };
+    store.begin("second", &req2).await.unwrap();
+    assert_eq!(store.used_bytes(), completed + entry_cost(&store, "second", now));
+    store.release("second", other).await.unwrap();
+    assert_eq!(store.used_bytes(), completed);
+    assert!(store.purge(&key).await.unwrap());
+    assert!(!store.purge(&key).await.unwrap());
+    assert_eq!(store.used_bytes(), 0);
+    assert!(store.is_empty());
+
+    // Many records: the count is the sum of their costs, and sweeping them returns it to 0.
+    for i in 0..1_000 {
+        let req = BeginRequest {
+            token: LeaseToken(i),
+            ..begin.clone()
+        };
+        store.begin(&format!("bulk-{i}"), &req).await.unwrap();
+    }
+    assert_eq!(store.len(), 1_000);
+    let per_record = store.used_bytes() / 1_000;
+    assert!((100..200).contains(&per_record), "{per_record}");
+    assert_eq!(store.sweep(now + 86_400_000), 1_000);
+    assert_eq!(store.used_bytes(), 0);
+}
