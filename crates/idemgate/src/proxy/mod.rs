@@ -8,21 +8,24 @@
 //! 4. **dedup**: namespaced key, fingerprint, [`Engine::begin`]; then execute, replay or refuse.
 //! 5. **execute**: the upstream call runs in its own task so a client that disconnects cannot
 //!    cancel it; its outcome is completed or released before the client sees the response.
+//!
+//! The recovery endpoints and the status probe are in `recovery.rs`; the header work (what is
+//! never forwarded, what a replay carries) is in `headers.rs`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, StatusCode, Uri};
+use http::{Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use idemgate_core::engine::{Engine, Execution, Finished, Lookup, Outcome, Started, is_storable_header};
+use idemgate_core::engine::{Engine, Execution, Finished, Outcome, Started};
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::{KeyError, parse_header};
 use idemgate_core::namespace::{Principal, namespaced_key};
-use idemgate_core::record::{Millis, RecordState, StoredResponse};
+use idemgate_core::record::StoredResponse;
 use idemgate_core::store::StoreError;
 use tokio_util::task::TaskTracker;
 
@@ -37,25 +40,18 @@ use crate::problem::{Kind, Problem};
 use crate::store::AnyStore;
 use crate::upstream::{UpstreamBody, Upstreams};
 
+mod headers;
+mod recovery;
+
+use headers::{check_framing, forwarded_for, replay, rfc3339, storable_headers, upstream_uri};
+pub(crate) use headers::{header_value, strip_hop_by_hop};
+
 /// `x-operation-id`: the record's id, identical on the first response and every replay.
 pub const OPERATION_ID: HeaderName = HeaderName::from_static("x-operation-id");
 /// `Idempotency-Status`: `processing` while a recovered key is still in flight (SPEC 5, 8).
 pub const IDEMPOTENCY_STATUS: HeaderName = HeaderName::from_static("idempotency-status");
 /// `Idempotency-Expires`: when the stored outcome stops being replayed (RFC 3339).
 pub const IDEMPOTENCY_EXPIRES: HeaderName = HeaderName::from_static("idempotency-expires");
-
-/// Headers that describe one connection, never forwarded in either direction (RFC 9110 7.6.1).
-const HOP_BY_HOP: [HeaderName; 7] = [
-    header::CONNECTION,
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
-/// Hop-by-hop too, but not standard names in `http`.
-const HOP_BY_HOP_EXTRA: [&str; 2] = ["keep-alive", "proxy-connection"];
 
 /// The gateway: configuration, engine, upstream connection pool, and in-flight executions.
 #[derive(Debug)]
@@ -510,56 +506,6 @@ impl Gateway {
         }
     }
 
-    /// SPEC 8: on a replay, asks the route's probe how the created resource is doing. Any
-    /// failure (no id in the body, probe down, odd answer) falls back to `processing`, logged.
-    async fn probe_status(&self, route: &Route, body: Option<&[u8]>) -> Option<HeaderValue> {
-        let st = route.status.as_ref()?;
-        let processing = HeaderValue::from_static("processing");
-        let id = body
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
-            .and_then(|v| match v.pointer(&st.resource_id)? {
-                serde_json::Value::String(s) => Some(s.clone()),
-                serde_json::Value::Number(n) => Some(n.to_string()),
-                _ => None,
-            });
-        let Some(id) = id else {
-            tracing::warn!(endpoint = %route.id, "status probe: no resource id in the stored body");
-            return Some(processing);
-        };
-        let encoded =
-            percent_encoding::utf8_percent_encode(&id, percent_encoding::NON_ALPHANUMERIC).to_string();
-        let Ok(uri) = st.probe.replace("{resource_id}", &encoded).parse::<Uri>() else {
-            return Some(processing);
-        };
-        let req = Request::get(uri).body(Full::new(Bytes::new())).ok()?;
-        let answer = async {
-            let resp = self.client.request(req).await.ok()?;
-            if !resp.status().is_success() {
-                return None;
-            }
-            let body = http_body_util::BodyExt::collect(resp.into_body())
-                .await
-                .ok()?
-                .to_bytes();
-            let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
-            match v.get("status")?.as_str()? {
-                s @ ("processing" | "completed" | "failed") => Some(HeaderValue::from_static(match s {
-                    "completed" => "completed",
-                    "failed" => "failed",
-                    _ => "processing",
-                })),
-                _ => None,
-            }
-        };
-        match tokio::time::timeout(Duration::from_secs(2), answer).await {
-            Ok(Some(v)) => Some(v),
-            _ => {
-                tracing::warn!(endpoint = %route.id, "status probe failed; answering processing");
-                Some(processing)
-            }
-        }
-    }
-
     /// Case B: the provider's delivery, verified and keyed by its own identifier (SPEC 6).
     async fn webhook(
         self: &Arc<Self>,
@@ -602,91 +548,6 @@ impl Gateway {
             principal: Some(admitted.principal),
         };
         self.dedup(call, key, fingerprint, log).await
-    }
-
-    /// `GET {route path}/by-idempotency-key/{key}[/output]` on a route with `recovery: true`.
-    fn recovery_target(&self, path: &str) -> Option<(Arc<Route>, String, bool)> {
-        let (prefix, rest) = path.rsplit_once("/by-idempotency-key/")?;
-        let (raw, output) = rest.strip_suffix("/output").map_or((rest, false), |k| (k, true));
-        if raw.is_empty() || raw.contains('/') {
-            return None;
-        }
-        let route = self
-            .config
-            .routes
-            .iter()
-            .find(|r| r.recovery && r.path.matches(prefix).is_some())?;
-        let raw = percent_encoding::percent_decode_str(raw).decode_utf8().ok()?;
-        Some((route.clone(), raw.into_owned(), output))
-    }
-
-    /// Answers a recovery request from the caller's own namespace (SPEC 5).
-    async fn recover(
-        &self,
-        route: &Route,
-        req: &Request<Incoming>,
-        peer: SocketAddr,
-        raw: &str,
-        output: bool,
-        log: &mut AccessLog,
-    ) -> Result<Response<Body>, Problem> {
-        if req.headers().contains_key(&route.header) {
-            return Err(Problem::new(
-                Kind::KeyNotAllowed,
-                "recovery requests name the key in the path",
-            ));
-        }
-        let principal = self.identify(req.headers(), peer).await?;
-        log.set_principal(principal.as_ref());
-        route.keys.validate(raw).map_err(|e| invalid_key(&e))?;
-        let key = namespace(route, principal.as_ref(), raw)?;
-        log.set_key(&key);
-        if route.upstream.kind == UpstreamKind::Restate {
-            return self.restate_recover(route, &key, output, log).await;
-        }
-        let wait = (!output).then_some(route.engine.wait_timeout);
-        let found = self.engine.lookup(&key, wait).await.map_err(|e| {
-            tracing::warn!(error = %e, endpoint = %route.id, "store error");
-            Problem::new(Kind::StoreUnavailable, "the idempotency store is unavailable").retry_after(1)
-        })?;
-        let not_found = || Problem::new(Kind::NotFound, "no outcome is recorded for this key");
-        match found {
-            Lookup::Completed(record) if record.route == route.id => {
-                let RecordState::Completed { response, .. } = record.state else {
-                    return Err(not_found());
-                };
-                log.set_operation_id(&record.operation_id);
-                match response.body {
-                    Some(_) => {
-                        log.cache_hit = true;
-                        log.outcome = "recovered";
-                        let status = self.probe_status(route, response.body.as_deref()).await;
-                        let mut resp = replay(route, response, &record.operation_id, record.expires_at);
-                        if let Some(st) = status {
-                            resp.headers_mut().insert(IDEMPOTENCY_STATUS, st);
-                        }
-                        Ok(resp)
-                    }
-                    None => Err(not_retained(response.status, record.operation_id)),
-                }
-            }
-            Lookup::InFlight {
-                operation_id,
-                route: r,
-            } if r == route.id => {
-                log.outcome = "processing";
-                let body = serde_json::json!({"status": "processing", "operation_id": operation_id});
-                let mut resp = Response::new(full(Bytes::from(body.to_string())));
-                *resp.status_mut() = StatusCode::ACCEPTED;
-                let h = resp.headers_mut();
-                h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-                h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-                h.insert(IDEMPOTENCY_STATUS, HeaderValue::from_static("processing"));
-                h.insert(OPERATION_ID, header_value(&operation_id));
-                Ok(resp)
-            }
-            _ => Err(not_found()),
-        }
     }
 }
 
@@ -813,36 +674,6 @@ async fn record_later(mut exec: Execution<AnyStore>, outcome: Outcome) {
     }
 }
 
-fn replay(route: &Route, stored: StoredResponse, operation_id: &str, expires_at: Millis) -> Response<Body> {
-    let mut resp = Response::new(full(stored.body.unwrap_or_default()));
-    *resp.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
-    let h = resp.headers_mut();
-    for (name, value) in stored.headers {
-        if let (Ok(n), Ok(v)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_maybe_shared(value),
-        ) {
-            h.append(n, v);
-        }
-    }
-    h.insert(route.replayed_header.clone(), HeaderValue::from_static("true"));
-    h.insert(OPERATION_ID, header_value(operation_id));
-    h.insert(IDEMPOTENCY_EXPIRES, rfc3339(expires_at));
-    resp
-}
-
-/// Refuses the framings that let a front and a back end disagree on where a request ends.
-fn check_framing(h: &HeaderMap) -> Result<(), Problem> {
-    let lengths = h.get_all(header::CONTENT_LENGTH).iter().count();
-    if lengths > 1 {
-        return Err(Problem::new(Kind::BadRequest, "several Content-Length headers").close());
-    }
-    if lengths == 1 && h.contains_key(header::TRANSFER_ENCODING) {
-        return Err(Problem::new(Kind::BadRequest, "both Content-Length and Transfer-Encoding").close());
-    }
-    Ok(())
-}
-
 fn invalid_key(e: &KeyError) -> Problem {
     Problem::new(Kind::InvalidKey, e.to_string()).reason(e.reason.as_str())
 }
@@ -855,90 +686,4 @@ fn policy_name(p: PolicyKind) -> &'static str {
         PolicyKind::Webhook => "webhook",
         PolicyKind::HandlerInternal => "handler_internal",
     }
-}
-
-pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
-    // One pass over the names (compared, not hashed) finds the few present; most messages carry
-    // none, or only `Connection: keep-alive`. Removing just those hashes once per present name.
-    let is_hop = |n: &HeaderName| HOP_BY_HOP.contains(n) || HOP_BY_HOP_EXTRA.contains(&n.as_str());
-    let mut present: Vec<HeaderName> = h.keys().filter(|n| is_hop(n)).cloned().collect();
-    if present.is_empty() {
-        return;
-    }
-    // Headers named in Connection are hop-by-hop too (`close` and `keep-alive` are the usual
-    // tokens: the first names no header, the second is removed anyway).
-    for token in h
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|t| !t.eq_ignore_ascii_case("close") && !t.eq_ignore_ascii_case("keep-alive"))
-    {
-        if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
-            present.push(name);
-        }
-    }
-    for name in present {
-        h.remove(name);
-    }
-}
-
-fn storable_headers(h: &HeaderMap) -> Vec<(String, Bytes)> {
-    h.iter()
-        .filter(|(n, _)| is_storable_header(n.as_str()))
-        .map(|(n, v)| (n.as_str().to_owned(), Bytes::copy_from_slice(v.as_bytes())))
-        .collect()
-}
-
-fn upstream_uri(base: &Uri, incoming: &Uri) -> Result<Uri, ()> {
-    let prefix = base.path().trim_end_matches('/');
-    let mut parts = base.clone().into_parts();
-    parts.path_and_query = match incoming.path_and_query() {
-        // An upstream without a path prefix (the usual case) takes the target as it came:
-        // `PathAndQuery` is shared bytes, so this neither formats nor parses.
-        Some(pq) if prefix.is_empty() && pq.as_str().starts_with('/') => Some(pq.clone()),
-        pq => {
-            let pq = pq.map_or("/", http::uri::PathAndQuery::as_str);
-            Some(format!("{prefix}{pq}").parse().map_err(|_| ())?)
-        }
-    };
-    Uri::from_parts(parts).map_err(|_| ())
-}
-
-/// The `X-Forwarded-For` value for a peer. Formatting an address costs more than the rest of
-/// the header work of a request, and a connection (often a whole client) sends many requests
-/// from one address, so each thread keeps the last one.
-fn forwarded_for(ip: std::net::IpAddr) -> HeaderValue {
-    thread_local! {
-        static LAST: std::cell::RefCell<Option<(std::net::IpAddr, HeaderValue)>> =
-            const { std::cell::RefCell::new(None) };
-    }
-    LAST.with_borrow_mut(|last| match last {
-        Some((cached, value)) if *cached == ip => value.clone(),
-        _ => {
-            let value = header_value(&ip.to_string());
-            *last = Some((ip, value.clone()));
-            value
-        }
-    })
-}
-
-pub(crate) fn header_value(s: &str) -> HeaderValue {
-    HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
-}
-
-fn rfc3339(at: Millis) -> HeaderValue {
-    use std::io::Write as _;
-    let t = UNIX_EPOCH + Duration::from_millis(at);
-    // Written on the stack: a `String` first was one more allocation per replay.
-    let mut buf = [0u8; 32];
-    let mut out = &mut buf[..];
-    let _ = write!(
-        out,
-        "{}",
-        humantime::format_rfc3339_seconds(t.max(SystemTime::UNIX_EPOCH))
-    );
-    let len = 32 - out.len();
-    HeaderValue::from_bytes(&buf[..len]).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
 }

@@ -1,0 +1,149 @@
+//! Header work of the proxy: what is never forwarded, what a replay carries, and the values
+//! the gateway writes itself.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Response, StatusCode, Uri};
+use idemgate_core::engine::is_storable_header;
+use idemgate_core::record::{Millis, StoredResponse};
+
+use super::{IDEMPOTENCY_EXPIRES, OPERATION_ID};
+use crate::body::{Body, full};
+use crate::config::Route;
+use crate::problem::{Kind, Problem};
+
+/// Headers that describe one connection, never forwarded in either direction (RFC 9110 7.6.1).
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+/// Hop-by-hop too, but not standard names in `http`.
+const HOP_BY_HOP_EXTRA: [&str; 2] = ["keep-alive", "proxy-connection"];
+
+pub(super) fn replay(
+    route: &Route,
+    stored: StoredResponse,
+    operation_id: &str,
+    expires_at: Millis,
+) -> Response<Body> {
+    let mut resp = Response::new(full(stored.body.unwrap_or_default()));
+    *resp.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+    let h = resp.headers_mut();
+    for (name, value) in stored.headers {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_maybe_shared(value),
+        ) {
+            h.append(n, v);
+        }
+    }
+    h.insert(route.replayed_header.clone(), HeaderValue::from_static("true"));
+    h.insert(OPERATION_ID, header_value(operation_id));
+    h.insert(IDEMPOTENCY_EXPIRES, rfc3339(expires_at));
+    resp
+}
+
+/// Refuses the framings that let a front and a back end disagree on where a request ends.
+pub(super) fn check_framing(h: &HeaderMap) -> Result<(), Problem> {
+    let lengths = h.get_all(header::CONTENT_LENGTH).iter().count();
+    if lengths > 1 {
+        return Err(Problem::new(Kind::BadRequest, "several Content-Length headers").close());
+    }
+    if lengths == 1 && h.contains_key(header::TRANSFER_ENCODING) {
+        return Err(Problem::new(Kind::BadRequest, "both Content-Length and Transfer-Encoding").close());
+    }
+    Ok(())
+}
+
+pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
+    // One pass over the names (compared, not hashed) finds the few present; most messages carry
+    // none, or only `Connection: keep-alive`. Removing just those hashes once per present name.
+    let is_hop = |n: &HeaderName| HOP_BY_HOP.contains(n) || HOP_BY_HOP_EXTRA.contains(&n.as_str());
+    let mut present: Vec<HeaderName> = h.keys().filter(|n| is_hop(n)).cloned().collect();
+    if present.is_empty() {
+        return;
+    }
+    // Headers named in Connection are hop-by-hop too (`close` and `keep-alive` are the usual
+    // tokens: the first names no header, the second is removed anyway).
+    for token in h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|t| !t.eq_ignore_ascii_case("close") && !t.eq_ignore_ascii_case("keep-alive"))
+    {
+        if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
+            present.push(name);
+        }
+    }
+    for name in present {
+        h.remove(name);
+    }
+}
+
+pub(super) fn storable_headers(h: &HeaderMap) -> Vec<(String, Bytes)> {
+    h.iter()
+        .filter(|(n, _)| is_storable_header(n.as_str()))
+        .map(|(n, v)| (n.as_str().to_owned(), Bytes::copy_from_slice(v.as_bytes())))
+        .collect()
+}
+
+pub(super) fn upstream_uri(base: &Uri, incoming: &Uri) -> Result<Uri, ()> {
+    let prefix = base.path().trim_end_matches('/');
+    let mut parts = base.clone().into_parts();
+    parts.path_and_query = match incoming.path_and_query() {
+        // An upstream without a path prefix (the usual case) takes the target as it came:
+        // `PathAndQuery` is shared bytes, so this neither formats nor parses.
+        Some(pq) if prefix.is_empty() && pq.as_str().starts_with('/') => Some(pq.clone()),
+        pq => {
+            let pq = pq.map_or("/", http::uri::PathAndQuery::as_str);
+            Some(format!("{prefix}{pq}").parse().map_err(|_| ())?)
+        }
+    };
+    Uri::from_parts(parts).map_err(|_| ())
+}
+
+/// The `X-Forwarded-For` value for a peer. Formatting an address costs more than the rest of
+/// the header work of a request, and a connection (often a whole client) sends many requests
+/// from one address, so each thread keeps the last one.
+pub(super) fn forwarded_for(ip: std::net::IpAddr) -> HeaderValue {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(std::net::IpAddr, HeaderValue)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    LAST.with_borrow_mut(|last| match last {
+        Some((cached, value)) if *cached == ip => value.clone(),
+        _ => {
+            let value = header_value(&ip.to_string());
+            *last = Some((ip, value.clone()));
+            value
+        }
+    })
+}
+
+pub(crate) fn header_value(s: &str) -> HeaderValue {
+    HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+}
+
+pub(super) fn rfc3339(at: Millis) -> HeaderValue {
+    use std::io::Write as _;
+    let t = UNIX_EPOCH + Duration::from_millis(at);
+    // Written on the stack: a `String` first was one more allocation per replay.
+    let mut buf = [0u8; 32];
+    let mut out = &mut buf[..];
+    let _ = write!(
+        out,
+        "{}",
+        humantime::format_rfc3339_seconds(t.max(SystemTime::UNIX_EPOCH))
+    );
+    let len = 32 - out.len();
+    HeaderValue::from_bytes(&buf[..len]).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+}
