@@ -9,8 +9,9 @@
 //! 5. **execute**: the upstream call runs in its own task so a client that disconnects cannot
 //!    cancel it; its outcome is completed or released before the client sees the response.
 //!
-//! The recovery endpoints and the status probe are in `recovery.rs`; the header work (what is
-//! never forwarded, what a replay carries) is in `headers.rs`.
+//! Beside the phases: the webhook case in `delivery.rs`, recording an outcome in `finish.rs`,
+//! the recovery endpoints and the status probe in `recovery.rs`, and the header work (what is
+//! never forwarded, what a replay carries) in `headers.rs`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -40,6 +41,8 @@ use crate::problem::{Kind, Problem};
 use crate::store::AnyStore;
 use crate::upstream::{UpstreamBody, Upstreams};
 
+mod delivery;
+mod finish;
 mod headers;
 mod recovery;
 
@@ -505,50 +508,6 @@ impl Gateway {
             headers.insert(identity::SUBJECT_HEADER, header_value(&p.subject));
         }
     }
-
-    /// Case B: the provider's delivery, verified and keyed by its own identifier (SPEC 6).
-    async fn webhook(
-        self: &Arc<Self>,
-        route: Arc<Route>,
-        req: Request<Incoming>,
-        peer: SocketAddr,
-        log: &mut AccessLog,
-    ) -> Result<Response<Body>, Problem> {
-        let unknown = || Problem::new(Kind::UnknownWebhook, "no such webhook");
-        let webhooks = self.config.webhooks.clone().ok_or_else(unknown)?;
-        let path = req.uri().path().to_owned();
-        let params = route.path.matches(&path).ok_or_else(unknown)?;
-        let webhook_id = params
-            .iter()
-            .find(|(n, _)| *n == "webhook_id")
-            .map(|(_, v)| (*v).to_owned());
-        let webhook_id = webhook_id.ok_or_else(unknown)?;
-        let (parts, body) = req.into_parts();
-        let body = self.read_body(body).await?;
-        // Before admitting, so that a refusal is logged and counted under its provider.
-        log.case = "B";
-        log.source = route
-            .provider
-            .map_or("none", crate::config::webhooks::Provider::as_str);
-        // Set before admitting, so a refused delivery is still counted under its provider.
-        log.source = route.provider.map_or("webhook", |p| p.as_str());
-        let admitted = webhooks.admit(&route, &webhook_id, &parts, &body)?;
-        log.set_principal(Some(&admitted.principal));
-        let key = namespace(&route, Some(&admitted.principal), &admitted.raw_key)?;
-        log.set_key(&key);
-        // Keyed by the provider's delivery id alone: a redelivery is the same delivery even if
-        // the provider changed a field of the payload (Stripe's `pending_webhooks`), so the body
-        // is not part of the fingerprint.
-        let fingerprint = Fingerprint::compute(&route.id, "WEBHOOK", &admitted.raw_key, None, b"");
-        let call = Call {
-            route,
-            parts,
-            body,
-            peer,
-            principal: Some(admitted.principal),
-        };
-        self.dedup(call, key, fingerprint, log).await
-    }
 }
 
 /// A request on its way upstream: where it goes, what it carries, who sent it.
@@ -613,65 +572,6 @@ fn not_retained(status: u16, operation_id: String) -> Problem {
         format!("the original request completed with status {status}, but its body was too large to keep"),
     )
     .operation(operation_id)
-}
-
-impl Gateway {
-    /// Completes or releases an execution, timing the store call.
-    async fn finish(&self, mut exec: Execution<AnyStore>, outcome: Outcome) -> Option<Finished> {
-        let timer = Instant::now();
-        let first = exec.try_finish(&outcome).await;
-        let op = if matches!(first, Ok(Finished::Completed { .. })) {
-            "complete"
-        } else {
-            "release"
-        };
-        self.metrics.store_latency(op, timer.elapsed().as_secs_f64());
-        match first {
-            Ok(f) => Some(f),
-            Err(StoreError::Fenced(_)) => {
-                tracing::error!(
-                    "the lease was lost before the outcome was recorded; a retry may run the operation again"
-                );
-                None
-            }
-            Err(e) => {
-                // The response still goes to the client: the upstream ran. The key stays
-                // reserved (the lease is still renewed) and the outcome is recorded as soon as
-                // the store answers again, so a retry waits and then replays instead of running
-                // the operation a second time.
-                tracing::warn!(error = %e, "could not record the outcome yet; retrying in the background");
-                self.tasks.spawn(record_later(exec, outcome));
-                None
-            }
-        }
-    }
-}
-
-/// How long an outcome the client already has is retried into a failing store.
-const RECORD_PATIENCE: Duration = Duration::from_secs(600);
-
-/// Keeps trying to record `outcome`, with backoff, while the execution holds the key.
-async fn record_later(mut exec: Execution<AnyStore>, outcome: Outcome) {
-    let deadline = Instant::now() + RECORD_PATIENCE;
-    let mut delay = Duration::from_millis(50);
-    loop {
-        tokio::time::sleep(delay).await;
-        match exec.try_finish(&outcome).await {
-            Ok(_) => {
-                tracing::info!(operation_id = %exec.operation_id(), "outcome recorded after the store came back");
-                return;
-            }
-            Err(StoreError::Fenced(_)) => {
-                tracing::error!(operation_id = %exec.operation_id(), "the lease was lost before the outcome was recorded; a retry may have run the operation again");
-                return;
-            }
-            Err(e) if Instant::now() >= deadline => {
-                tracing::error!(error = %e, operation_id = %exec.operation_id(), "gave up recording the outcome; the lease rule decides what a retry gets");
-                return;
-            }
-            Err(_) => delay = (delay * 2).min(Duration::from_secs(1)),
-        }
-    }
 }
 
 fn invalid_key(e: &KeyError) -> Problem {
