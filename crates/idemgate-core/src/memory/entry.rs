@@ -1,7 +1,12 @@
 //! The encoding of one entry: the layout in the [module documentation](super), written by
-//! [`write_entry`] and read back through [`Reader`]. Nothing here touches a table or a lock.
+//! [`write_entry`] and read back by [`decode`]. Nothing here touches a table or a lock.
 
-use crate::record::{Millis, Record, RecordState};
+use bytes::Bytes;
+
+use super::Routes;
+use crate::engine::OperationId;
+use crate::fingerprint::Fingerprint;
+use crate::record::{LeaseToken, Millis, Record, RecordState, StoredResponse};
 
 /// A compression dictionary for stored header names: the storable response headers of
 /// [`crate::engine::is_storable_header`] (kept in upstream order there, not here). A name not in
@@ -238,6 +243,79 @@ impl<'a> Reader<'a> {
 
 pub(super) fn utf8(b: &[u8]) -> Result<String, Corrupt> {
     String::from_utf8(b.to_vec()).map_err(|_| Corrupt("utf-8"))
+}
+
+/// The record an entry holds, its route looked up in the store's interned ones.
+pub(super) fn decode(entry: &[u8], routes: &Routes) -> Result<Record, Corrupt> {
+    let mut r = Reader(entry);
+    let key_len = r.len()?;
+    r.take(key_len)?;
+    let flags = r.byte()?;
+    let created_at = r.varint()?;
+    let expires_at = if flags & NEVER_EXPIRES == 0 {
+        from_delta(created_at, r.varint()?)
+    } else {
+        Millis::MAX
+    };
+    let fingerprint = Fingerprint(r.array()?);
+    let token = LeaseToken(u128::from_le_bytes(r.array()?));
+    let generation = r.varint()?;
+    let operation_id = match (flags & OP_MASK) >> OP_SHIFT {
+        OP_RAW => r.string()?,
+        OP_PREFIXED_UUID => OperationId::of(uuid::Uuid::from_bytes(r.array()?))
+            .as_str()
+            .to_owned(),
+        OP_HYPHENATED_UUID => uuid::Uuid::from_bytes(r.array()?).hyphenated().to_string(),
+        _ => return Err(Corrupt("operation id form")),
+    };
+    let route = match r.varint()? {
+        0 => r.string()?,
+        i => routes
+            .name(usize::try_from(i - 1).map_err(|_| Corrupt("route index"))?)
+            .ok_or(Corrupt("route index"))?
+            .to_owned(),
+    };
+    let state = if flags & COMPLETED == 0 {
+        RecordState::InFlight {
+            token,
+            lease_until: from_delta(created_at, r.varint()?),
+        }
+    } else {
+        let status = u16::try_from(r.varint()?).map_err(|_| Corrupt("status"))?;
+        let count = r.len()?;
+        // Each header takes at least two bytes, so a corrupt count cannot reserve much.
+        let mut headers = Vec::with_capacity(count.min(r.0.len() / 2));
+        for _ in 0..count {
+            let code = r.len()?;
+            let name = match HEADER_NAMES.get(code) {
+                Some(name) => (*name).to_owned(),
+                None => utf8(r.take(code - HEADER_NAMES.len())?)?,
+            };
+            let value_len = r.len()?;
+            headers.push((name, Bytes::copy_from_slice(r.take(value_len)?)));
+        }
+        let body = (flags & HAS_BODY != 0).then(|| Bytes::copy_from_slice(r.rest()));
+        RecordState::Completed {
+            token,
+            response: StoredResponse {
+                status,
+                headers,
+                body,
+            },
+        }
+    };
+    if !r.0.is_empty() {
+        return Err(Corrupt("trailing bytes"));
+    }
+    Ok(Record {
+        state,
+        fingerprint,
+        route,
+        operation_id,
+        created_at,
+        expires_at,
+        generation,
+    })
 }
 
 /// The key an entry starts with; `None` only for an entry `encode` did not write.

@@ -57,23 +57,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
-use bytes::Bytes;
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry as Slot;
 
-use crate::engine::OperationId;
-use crate::fingerprint::Fingerprint;
 use crate::notify::Notifier;
-use crate::record::{LeaseToken, Millis, Record, RecordState, StoredResponse, now_millis};
+use crate::record::{LeaseToken, Millis, Record, StoredResponse, now_millis};
 use crate::rules::{self, Begin, BeginRequest, Write};
 use crate::store::{Store, StoreError};
 
 mod entry;
-use entry::{
-    COMPLETED, Corrupt, Count, HAS_BODY, HEADER_NAMES, NEVER_EXPIRES, OP_HYPHENATED_UUID, OP_MASK,
-    OP_PREFIXED_UUID, OP_RAW, OP_SHIFT, OpId, Reader, entry_expires_at, entry_key, from_delta, utf8,
-    write_entry,
-};
+use entry::{Corrupt, Count, OpId, entry_expires_at, entry_key, write_entry};
 
 const SHARDS: usize = 64;
 const _: () = assert!(SHARDS.is_power_of_two() && SHARDS <= 128);
@@ -340,76 +333,7 @@ impl MemoryStore {
     }
 
     fn decode(&self, entry: &[u8]) -> Result<Record, Corrupt> {
-        let mut r = Reader(entry);
-        let key_len = r.len()?;
-        r.take(key_len)?;
-        let flags = r.byte()?;
-        let created_at = r.varint()?;
-        let expires_at = if flags & NEVER_EXPIRES == 0 {
-            from_delta(created_at, r.varint()?)
-        } else {
-            Millis::MAX
-        };
-        let fingerprint = Fingerprint(r.array()?);
-        let token = LeaseToken(u128::from_le_bytes(r.array()?));
-        let generation = r.varint()?;
-        let operation_id = match (flags & OP_MASK) >> OP_SHIFT {
-            OP_RAW => r.string()?,
-            OP_PREFIXED_UUID => OperationId::of(uuid::Uuid::from_bytes(r.array()?))
-                .as_str()
-                .to_owned(),
-            OP_HYPHENATED_UUID => uuid::Uuid::from_bytes(r.array()?).hyphenated().to_string(),
-            _ => return Err(Corrupt("operation id form")),
-        };
-        let route = match r.varint()? {
-            0 => r.string()?,
-            i => self
-                .routes
-                .name(usize::try_from(i - 1).map_err(|_| Corrupt("route index"))?)
-                .ok_or(Corrupt("route index"))?
-                .to_owned(),
-        };
-        let state = if flags & COMPLETED == 0 {
-            RecordState::InFlight {
-                token,
-                lease_until: from_delta(created_at, r.varint()?),
-            }
-        } else {
-            let status = u16::try_from(r.varint()?).map_err(|_| Corrupt("status"))?;
-            let count = r.len()?;
-            // Each header takes at least two bytes, so a corrupt count cannot reserve much.
-            let mut headers = Vec::with_capacity(count.min(r.0.len() / 2));
-            for _ in 0..count {
-                let code = r.len()?;
-                let name = match HEADER_NAMES.get(code) {
-                    Some(name) => (*name).to_owned(),
-                    None => utf8(r.take(code - HEADER_NAMES.len())?)?,
-                };
-                let value_len = r.len()?;
-                headers.push((name, Bytes::copy_from_slice(r.take(value_len)?)));
-            }
-            let body = (flags & HAS_BODY != 0).then(|| Bytes::copy_from_slice(r.rest()));
-            RecordState::Completed {
-                token,
-                response: StoredResponse {
-                    status,
-                    headers,
-                    body,
-                },
-            }
-        };
-        if !r.0.is_empty() {
-            return Err(Corrupt("trailing bytes"));
-        }
-        Ok(Record {
-            state,
-            fingerprint,
-            route,
-            operation_id,
-            created_at,
-            expires_at,
-            generation,
-        })
+        entry::decode(entry, &self.routes)
     }
 }
 

@@ -1,5 +1,10 @@
-use super::*;
+use bytes::Bytes;
 use proptest::prelude::*;
+
+use super::entry::{HEADER_NAMES, OP_HYPHENATED_UUID, OP_PREFIXED_UUID};
+use super::*;
+use crate::fingerprint::Fingerprint;
+use crate::record::RecordState;
 
 fn req(token: LeaseToken, now: Millis) -> BeginRequest<'static> {
     BeginRequest {
