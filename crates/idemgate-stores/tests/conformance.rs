@@ -31,6 +31,21 @@ mod embedded {
     }
 
     idemgate_stores::store_conformance!(open());
+
+    /// The same suite with replies handed out by the answerer task, as the gateway runs it.
+    mod answered {
+        use std::sync::Arc;
+
+        use idemgate_stores::EmbeddedStore;
+
+        async fn open() -> Option<Arc<EmbeddedStore>> {
+            let store = super::open().await?;
+            store.spawn_answerer();
+            Some(store)
+        }
+
+        idemgate_stores::store_conformance!(open());
+    }
 }
 
 /// Redis (`IDEMGATE_TEST_REDIS_URL`), one shared server; keys are unique per test.

@@ -56,6 +56,7 @@ impl AnyStore {
             StoreKind::Embedded => {
                 let store = Arc::new(EmbeddedStore::open(&config.path)?);
                 store.spawn_sweeper(SWEEP_EVERY);
+                store.spawn_answerer();
                 Self::Embedded(store, config.timeout)
             }
             StoreKind::Redis => {

@@ -24,11 +24,11 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use idemgate_core::notify::Notifier;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use super::Reply;
 
@@ -170,6 +170,8 @@ pub(super) struct Shared {
     broken: AtomicBool,
     /// Fsyncs that answered someone.
     syncs: AtomicU64,
+    /// The task that answers callers on their runtime, if one runs ([`Shared::answer`]).
+    answerer: Mutex<Option<mpsc::UnboundedSender<Vec<Reply>>>>,
 }
 
 impl Shared {
@@ -179,7 +181,39 @@ impl Shared {
             durable: watch::Sender::new(start),
             broken: AtomicBool::new(false),
             syncs: AtomicU64::new(0),
+            answerer: Mutex::new(None),
         }
+    }
+
+    /// From now on, groups of replies go to `tx`, whose task answers them on the callers'
+    /// runtime (see [`super::EmbeddedStore::spawn_answerer`]).
+    pub(super) fn answer_through(&self, tx: mpsc::UnboundedSender<Vec<Reply>>) {
+        *self.answerer.lock().unwrap_or_else(PoisonError::into_inner) = Some(tx);
+    }
+
+    /// Answers a group of replies. Each caller waits on its runtime; woken from this thread,
+    /// each costs that runtime a wake-up from outside (on the current-thread scheduler a write
+    /// to its event fd, one system call per reply). Handed to the answerer task, a group costs
+    /// one, and the task wakes the callers from inside. Without that task (not started, or its
+    /// runtime has ended), the replies go out from here.
+    pub(super) fn answer(&self, replies: Vec<Reply>, notifier: &Notifier) {
+        if replies.is_empty() {
+            return;
+        }
+        let unsent = {
+            let mut answerer = self.answerer.lock().unwrap_or_else(PoisonError::into_inner);
+            match answerer.as_ref() {
+                Some(tx) => match tx.send(replies) {
+                    Ok(()) => return,
+                    Err(mpsc::error::SendError(back)) => {
+                        *answerer = None;
+                        back
+                    }
+                },
+                None => replies,
+            }
+        };
+        unsent.into_iter().for_each(|r| r.send(notifier));
     }
 
     pub(super) fn wrote(&self, seq: u64) {
@@ -309,7 +343,7 @@ pub(super) fn run(
                         raised
                     });
                 }
-                replies.into_iter().for_each(|r| r.send(notifier));
+                shared.answer(replies, notifier);
             }
             Err(e) => {
                 tracing::error!(error = %e, "embedded store journal write failed; the store stops until restarted");

@@ -17,6 +17,10 @@
 //! A periodic durable redb commit (a checkpoint) lets the journal start over; at open, the
 //! journal's frames past the last checkpoint are replayed into redb.
 //!
+//! Answers leave the store's threads in groups: [`EmbeddedStore::spawn_answerer`] starts a task
+//! on the callers' runtime that wakes them from inside it (one wake-up from outside per group,
+//! not one per caller); without it, or once its runtime has ended, the threads answer directly.
+//!
 //! Reads that need no write (a replay, a mismatch, a key in flight) are answered from a read
 //! snapshot on the caller's task without queueing behind the writer; a replay first waits until
 //! every journaled write it could have seen is on disk.
@@ -225,6 +229,24 @@ impl EmbeddedStore {
                         }
                     }
                 }
+            }
+        })
+    }
+
+    /// Answers the store's callers from a task on the current runtime instead of from the
+    /// store's threads: one wake-up from outside per group of replies instead of one per reply
+    /// (see `journal::Shared::answer`). Start it on the runtime the callers run on; if that
+    /// runtime ends, the store's threads answer again themselves.
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime.
+    pub fn spawn_answerer(&self) -> tokio::task::JoinHandle<()> {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Vec<Reply>>();
+        self.journal.answer_through(tx);
+        let notifier = self.notifier.clone();
+        tokio::spawn(async move {
+            while let Some(group) = rx.recv().await {
+                group.into_iter().for_each(|r| r.send(&notifier));
             }
         })
     }

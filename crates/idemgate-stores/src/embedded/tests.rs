@@ -485,3 +485,61 @@ async fn a_failed_commit_stops_the_store_until_a_restart() {
         "a reservation in memory does not outlive the process"
     );
 }
+
+/// The answerer task hands out the replies while its runtime runs; once that runtime is gone,
+/// the store's own threads answer again, so nobody waits for a task that cannot run.
+#[test]
+fn replies_go_through_the_answerer_and_around_it_once_its_runtime_ends() {
+    let runtime = |threads: Option<usize>| {
+        let mut b = match threads {
+            Some(n) => {
+                let mut b = tokio::runtime::Builder::new_multi_thread();
+                b.worker_threads(n);
+                b
+            }
+            None => tokio::runtime::Builder::new_current_thread(),
+        };
+        b.enable_all().build().unwrap()
+    };
+    let (_dir, store) = open();
+    // A current-thread runtime runs its tasks only inside `block_on`: between calls the
+    // answerer is spawned but idle.
+    let answering = runtime(None);
+    let _answerer = {
+        let _entered = answering.enter();
+        store.spawn_answerer()
+    };
+    let callers = runtime(Some(1));
+    let miss = |key: &'static str| {
+        let store = store.clone();
+        async move {
+            let token = LeaseToken::random();
+            assert!(matches!(
+                store.begin(key, &req(token, 0)).await,
+                Ok(Begin::Acquired { .. })
+            ));
+            store.complete(key, token, body(0, 0), 5_000, 0).await
+        }
+    };
+    let mut first = callers.spawn(miss("a"));
+    let waited =
+        callers.block_on(async { tokio::time::timeout(Duration::from_millis(300), &mut first).await });
+    assert!(
+        waited.is_err(),
+        "answered without the answerer running: {waited:?}"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    answering.block_on(async {
+        while !first.is_finished() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the answerer never answered"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    });
+    assert!(callers.block_on(first).unwrap().is_ok());
+    drop(answering);
+    let second = callers.block_on(async { tokio::time::timeout(Duration::from_secs(10), miss("b")).await });
+    assert!(matches!(second, Ok(Ok(()))), "{second:?}");
+}

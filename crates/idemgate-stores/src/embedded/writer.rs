@@ -178,14 +178,15 @@ impl Writer {
         }
         // A replay must not go out while the outcome it hands over could still be lost.
         let settled = frames.is_empty() && self.shared.is_settled();
-        let mut later = Vec::new();
+        let (mut now, mut later) = (Vec::new(), Vec::new());
         for (reply, held) in replies.into_iter().zip(held) {
             if held || (!settled && reply.is_replay()) {
                 later.push(reply);
             } else {
-                reply.send(&self.notifier);
+                now.push(reply);
             }
         }
+        self.shared.answer(now, &self.notifier);
         let bytes = frames.len() as u64;
         if !frames.is_empty() || !later.is_empty() {
             self.append(frames, later);
