@@ -69,10 +69,11 @@ pub async fn serve(listener: tokio::net::TcpListener, store: Arc<EmbeddedStore>,
     }
 }
 
-/// Opens the embedded store in `dir` and starts its sweeper.
+/// Opens the embedded store in `dir` and starts its sweeper and its answerer.
 pub fn open(dir: &Path) -> Arc<EmbeddedStore> {
     let store = Arc::new(EmbeddedStore::open(dir).expect("the embedded store opens"));
     store.spawn_sweeper(std::time::Duration::from_secs(10));
+    store.spawn_answerer();
     store
 }
 
