@@ -23,11 +23,13 @@
 //!
 //! Reads that need no write (a replay, a mismatch, a key in flight) are answered from a read
 //! snapshot on the caller's task without queueing behind the writer; a replay first waits until
-//! every journaled write it could have seen is on disk.
+//! every journaled write it could have seen is on disk. The snapshot is one read transaction
+//! that the writer replaces after each commit ([`snapshot`]), not one per caller.
 
 mod journal;
 mod ops;
 mod reserved;
+mod snapshot;
 #[cfg(test)]
 mod tests;
 mod writer;
@@ -114,6 +116,7 @@ const CHECKPOINTS: Checkpoints = Checkpoints {
 pub struct EmbeddedStore {
     db: Arc<Database>,
     reserved: Arc<reserved::Reserved>,
+    snapshot: Arc<snapshot::Snapshot>,
     commits: Arc<AtomicU64>,
     journal: Arc<journal::Shared>,
     replayed: usize,
@@ -158,9 +161,11 @@ impl EmbeddedStore {
         let (tx, rx) = mpsc::unbounded_channel();
         let commits = Arc::new(AtomicU64::new(0));
         let reserved = Arc::new(reserved::Reserved::default());
+        let snapshot = Arc::new(snapshot::Snapshot::default());
+        snapshot.publish(&db);
         let writer = writer::Writer::new(
             db.clone(),
-            reserved.clone(),
+            (reserved.clone(), snapshot.clone()),
             notifier.clone(),
             commits.clone(),
             (shared.clone(), journal_tx, journal_thread),
@@ -174,6 +179,7 @@ impl EmbeddedStore {
         Ok(Self {
             db,
             reserved,
+            snapshot,
             commits,
             journal: shared,
             replayed,
@@ -313,11 +319,9 @@ impl EmbeddedStore {
         })
     }
 
+    /// `key`'s record in redb, as of the writer's last commit (see [`snapshot`]).
     fn read(&self, key: &str) -> Result<Option<Record>, StoreError> {
-        let txn = self.db.begin_read().map_err(StoreError::backend)?;
-        let table = txn.open_table(RECORDS).map_err(StoreError::backend)?;
-        let value = table.get(key).map_err(StoreError::backend)?;
-        value.map(|v| decode(v.value())).transpose()
+        self.snapshot.read(&self.db, key)
     }
 }
 

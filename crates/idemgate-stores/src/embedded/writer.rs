@@ -13,6 +13,7 @@ use redb::{Database, ReadableTable};
 use tokio::sync::mpsc;
 
 use super::reserved::{Entry, Reserved, State};
+use super::snapshot::Snapshot;
 use super::{
     Checkpoints, EXPIRY, JOURNAL_GEN, JOURNAL_SEQ, MAX_BATCH, META, Op, RECORDS, Reply, SWEEP_BATCH, decode,
     encode, journal,
@@ -46,6 +47,8 @@ fn new_generation() -> u64 {
 pub(super) struct Writer {
     db: Arc<Database>,
     reserved: Arc<Reserved>,
+    /// Replaced after every commit, before the commit's stand-ins go or anyone is answered.
+    snapshot: Arc<Snapshot>,
     notifier: Arc<Notifier>,
     commits: Arc<AtomicU64>,
     shared: Arc<journal::Shared>,
@@ -60,7 +63,7 @@ pub(super) struct Writer {
 impl Writer {
     pub(super) fn new(
         db: Arc<Database>,
-        reserved: Arc<Reserved>,
+        (reserved, snapshot): (Arc<Reserved>, Arc<Snapshot>),
         notifier: Arc<Notifier>,
         commits: Arc<AtomicU64>,
         (shared, journal, journal_thread): (
@@ -74,6 +77,7 @@ impl Writer {
         Self {
             db,
             reserved,
+            snapshot,
             notifier,
             commits,
             shared,
@@ -111,6 +115,7 @@ impl Writer {
             }
         }
         self.checkpoint();
+        self.snapshot.clear();
         let Self {
             journal,
             journal_thread,
@@ -156,6 +161,9 @@ impl Writer {
         );
         self.commits
             .fetch_add(u64::from(applied.is_ok()), Ordering::Relaxed);
+        // Callers that find no stand-in read this snapshot, so it must show the batch before the
+        // stand-ins go. After a failed commit too: like any fresh read, it shows what redb shows.
+        self.snapshot.publish(&self.db);
         let frames = std::mem::take(&mut self.frames.buf);
         // Committed: redb shows these writes now, so the entries standing in for them go. Not
         // committed: a reservation that may not be taken over was not made, and an outcome goes
