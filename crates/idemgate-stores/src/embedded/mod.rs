@@ -319,7 +319,8 @@ impl EmbeddedStore {
         })
     }
 
-    /// `key`'s record in redb, as of the writer's last commit (see [`snapshot`]).
+    /// `key`'s record in redb, as the writer last published it, after its last commit that
+    /// changed records (see [`snapshot`]).
     fn read(&self, key: &str) -> Result<Option<Record>, StoreError> {
         self.snapshot.read(&self.db, key)
     }

@@ -5,13 +5,18 @@
 //! task, and opening a read transaction and its table for each of them (redb registers every
 //! read transaction with its tracker and finds the table in its table tree) cost about as much
 //! as the lookup. Shared, a replay on the benchmark rig went from 18.2-20.2 to 16.9-17.2 µs of
-//! CPU (48.9-54.6k to 56.3-58.5k req/s); see docs/benchmarks.md.
+//! CPU (48.9-54.6k to 56.3-58.5k req/s; docs/benchmarks.md, notes of 2026-11-25, noon).
 //!
 //! Why it is never stale where it matters: every write reaches redb through the writer, which
 //! publishes a new snapshot after each commit and before it drops the entries standing in for
 //! that commit's writes ([`super::reserved`]) or answers anyone. A caller looks for the key's
 //! entry under the shard lock and reads the snapshot only when there is none, so it reads a
-//! snapshot at least as new as the key's last acknowledged write.
+//! snapshot at least as new as the key's last acknowledged write. (A purge also drops a key's
+//! entry, from the caller's task; a read that then misses a write the purge is about to delete
+//! is ordered after the purge.)
+//!
+//! One mutex guards the current snapshot; it is held only to clone an `Arc`. On a machine with
+//! many cores a per-thread copy checked against a generation number would avoid even that.
 
 use std::sync::{Arc, Mutex, PoisonError};
 

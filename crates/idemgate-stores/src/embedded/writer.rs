@@ -47,7 +47,8 @@ fn new_generation() -> u64 {
 pub(super) struct Writer {
     db: Arc<Database>,
     reserved: Arc<Reserved>,
-    /// Replaced after every commit, before the commit's stand-ins go or anyone is answered.
+    /// Replaced after every batch's commit, before the commit's stand-ins go or anyone is
+    /// answered (checkpoints change no record, so they leave it).
     snapshot: Arc<Snapshot>,
     notifier: Arc<Notifier>,
     commits: Arc<AtomicU64>,
