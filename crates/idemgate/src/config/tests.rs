@@ -1,6 +1,8 @@
 //! Config parsing: the contract's keys, strictness, and errors that name key and line.
 
 use super::*;
+use http::Method;
+use idemgate_core::engine::{Concurrency, LeaseExpiry};
 
 const MINIMAL: &str = "
 server:

@@ -1,0 +1,139 @@
+//! An [`Execution`]: the key while its operation runs, renewed in the background, and the
+//! outcome recorded or the key released when it ends.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Finished, Outcome, Policy, is_final, millis};
+use crate::fingerprint::Fingerprint;
+use crate::lead::Lead;
+use crate::notify::Handoff;
+use crate::record::{LeaseToken, now_millis};
+use crate::renew::Renewer;
+use crate::store::{Store, StoreError};
+
+/// Ownership of a key while the operation runs. Renews the lease in the background.
+///
+/// Dropping it without [`Execution::finish`] stops the renewal and leaves the record in flight:
+/// the outcome is unknown, so the key is neither completed nor released, and the lease expiry
+/// rule decides later (exactly as if the process had died).
+pub struct Execution<S: Store> {
+    store: Arc<S>,
+    key: String,
+    token: LeaseToken,
+    operation_id: String,
+    retention: Duration,
+    store_server_errors: bool,
+    /// What the record was begun for, handed with the outcome to local waiters.
+    fingerprint: Fingerprint,
+    route: String,
+    renewer: Arc<Renewer<S>>,
+    /// The lease renewal's id while it runs.
+    renewal: Option<u64>,
+    /// The key's lead on this process (`lead.rs`): dropped with the execution, after the
+    /// outcome was handed over, it wakes any waiter that still needs the store.
+    pub(super) lead: Option<Lead>,
+}
+
+impl<S: Store> Execution<S> {
+    pub(super) fn start(
+        store: Arc<S>,
+        renewer: &Arc<Renewer<S>>,
+        (fingerprint, route): (Fingerprint, &str),
+        key: &str,
+        token: LeaseToken,
+        operation_id: String,
+        policy: &Policy,
+    ) -> Self {
+        let renewal = Some(renewer.hold(key, token, policy.lease));
+        Self {
+            store,
+            key: key.to_owned(),
+            token,
+            operation_id,
+            retention: policy.retention,
+            store_server_errors: policy.store_server_errors,
+            fingerprint,
+            route: route.to_owned(),
+            renewer: renewer.clone(),
+            renewal,
+            lead: None,
+        }
+    }
+
+    fn stop_renewal(&mut self) {
+        if let Some(id) = self.renewal.take() {
+            self.renewer.release(id);
+        }
+    }
+
+    /// The record's operation id.
+    #[must_use]
+    pub fn operation_id(&self) -> &str {
+        &self.operation_id
+    }
+
+    /// Stores a final outcome or releases the key for a transient one.
+    ///
+    /// # Errors
+    /// A store error, or [`StoreError::Fenced`] when the lease was lost meanwhile.
+    pub async fn finish(mut self, outcome: Outcome) -> Result<Finished, StoreError> {
+        self.stop_renewal();
+        self.try_finish(&outcome).await
+    }
+
+    /// One attempt at [`Execution::finish`] that keeps the execution (and its lease renewal)
+    /// when the store fails, so the caller can try again once the store is back: an outcome
+    /// that reached the client must still be recorded, or a retry would run the operation again.
+    /// The renewal stops once the outcome is recorded or the lease is lost.
+    ///
+    /// # Errors
+    /// A store error (try again), or [`StoreError::Fenced`] (the lease is lost; give up).
+    pub async fn try_finish(&mut self, outcome: &Outcome) -> Result<Finished, StoreError> {
+        let result = match outcome {
+            Outcome::Response(response) if is_final(response.status, self.store_server_errors) => {
+                let now = now_millis();
+                let retention = millis(self.retention);
+                let done = self
+                    .store
+                    .complete(&self.key, self.token, response.clone(), retention, now)
+                    .await;
+                if done.is_ok() {
+                    self.store.notifier().publish(&self.key, || Handoff {
+                        fingerprint: self.fingerprint,
+                        route: self.route.clone(),
+                        operation_id: self.operation_id.clone(),
+                        response: response.clone(),
+                        expires_at: now + retention,
+                    });
+                }
+                done.map(|()| Finished::Completed {
+                    expires_at: now + retention,
+                })
+            }
+            _ => self
+                .store
+                .release(&self.key, self.token)
+                .await
+                .map(|()| Finished::Released),
+        };
+        if matches!(result, Ok(_) | Err(StoreError::Fenced(_))) {
+            self.stop_renewal();
+        }
+        result
+    }
+}
+
+impl<S: Store> std::fmt::Debug for Execution<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Execution")
+            .field("operation_id", &self.operation_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> Drop for Execution<S> {
+    fn drop(&mut self) {
+        self.stop_renewal();
+    }
+}
