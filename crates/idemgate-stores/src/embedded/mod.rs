@@ -82,6 +82,10 @@ struct Checkpoints {
     /// Set by a test: the next batch fails after its writes, before its commit.
     #[cfg(test)]
     fail_next_batch: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Set by a test: the next batch commits without publishing a snapshot, so callers read the
+    /// one before it, as they may in the moment between a commit and its publish.
+    #[cfg(test)]
+    skip_next_publish: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Checkpoints {
@@ -89,6 +93,14 @@ impl Checkpoints {
         #[cfg(test)]
         if let Some(paused) = &self.paused {
             return paused.load(Ordering::SeqCst);
+        }
+        false
+    }
+
+    fn skip_next_publish(&self) -> bool {
+        #[cfg(test)]
+        if let Some(skip) = &self.skip_next_publish {
+            return skip.swap(false, Ordering::SeqCst);
         }
         false
     }
@@ -109,6 +121,8 @@ const CHECKPOINTS: Checkpoints = Checkpoints {
     paused: None,
     #[cfg(test)]
     fail_next_batch: None,
+    #[cfg(test)]
+    skip_next_publish: None,
 };
 
 /// A durable record store: records in a redb file and its journal, reservations that may be
@@ -349,7 +363,7 @@ enum Decided {
     Now(Begin),
     /// A reservation in memory replaced a dead record in redb: answer once the writer deleted it,
     /// so it cannot show again when the reservation is gone.
-    Replacing(Begin, oneshot::Receiver<Result<(), StoreError>>),
+    Replacing(Begin, oneshot::Receiver<Result<bool, StoreError>>),
     /// Only the writer can decide (a durable write).
     Writer,
 }
@@ -357,28 +371,39 @@ enum Decided {
 impl Store for EmbeddedStore {
     async fn begin(&self, key: &str, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
         self.check_running()?;
-        match self.decide_begin(key, req)? {
-            Decided::Now(answer) => {
-                if matches!(answer, Begin::Replay(_)) {
-                    // The outcome it hands over may still be on its way to the disk.
-                    self.journal.settle().await.map_err(StoreError::backend)?;
+        loop {
+            return match self.decide_begin(key, req)? {
+                Decided::Now(answer) => {
+                    if matches!(answer, Begin::Replay(_)) {
+                        // The outcome it hands over may still be on its way to the disk.
+                        self.journal.settle().await.map_err(StoreError::backend)?;
+                    }
+                    Ok(answer)
                 }
-                Ok(answer)
-            }
-            Decided::Replacing(answer, forgotten) => match forgotten.await {
-                Ok(Ok(())) => Ok(answer),
-                failed => {
-                    self.reserved.remove(key, req.token, State::Memory);
-                    self.notifier.notify(key);
-                    Err(failed.map_or_else(|_| writer_gone(), |r| r.err().unwrap_or_else(writer_gone)))
+                Decided::Replacing(answer, forgotten) => match forgotten.await {
+                    Ok(Ok(true)) => Ok(answer),
+                    Ok(Ok(false)) => {
+                        // The dead record changed before the writer could delete it: its owner
+                        // completed or renewed after its lease ran out, in the moment before a
+                        // snapshot showed it. Taking over would run the operation twice; decide
+                        // again on what redb holds now (published before this answer).
+                        self.reserved.remove(key, req.token, State::Memory);
+                        self.notifier.notify(key);
+                        continue;
+                    }
+                    failed => {
+                        self.reserved.remove(key, req.token, State::Memory);
+                        self.notifier.notify(key);
+                        Err(failed.map_or_else(|_| writer_gone(), |r| r.err().unwrap_or_else(writer_gone)))
+                    }
+                },
+                Decided::Writer => {
+                    // A reservation that may not be taken over must reach the disk: the writer
+                    // decides.
+                    let owned = OwnedBegin::new(req);
+                    self.call(|tx| Op::Begin(key.to_owned(), owned, tx)).await
                 }
-            },
-            Decided::Writer => {
-                // A reservation that may not be taken over must reach the disk: the writer
-                // decides.
-                let owned = OwnedBegin::new(req);
-                self.call(|tx| Op::Begin(key.to_owned(), owned, tx)).await
-            }
+            };
         }
     }
 

@@ -75,8 +75,9 @@ pub(super) enum Op {
     Purge(String, oneshot::Sender<Result<bool, StoreError>>),
     /// Deletes the dead record (expired, or an owner's whose lease ran out) that a reservation
     /// in memory replaced, so it cannot show again once that reservation is gone; only if it is
-    /// still exactly that record.
-    Forget(String, Box<Record>, oneshot::Sender<Result<(), StoreError>>),
+    /// still exactly that record. Answers whether it is gone (deleted now, or already); `false`
+    /// means redb holds another record for the key than the one the reservation replaced.
+    Forget(String, Box<Record>, oneshot::Sender<Result<bool, StoreError>>),
     Sweep(Millis, oneshot::Sender<Result<usize, StoreError>>),
 }
 

@@ -129,6 +129,7 @@ async fn abort_child() {
         every: Duration::from_secs(3600),
         paused: Some(paused.clone()),
         fail_next_batch: None,
+        skip_next_publish: None,
     };
     let store = EmbeddedStore::open_with(&dir, small).unwrap();
     let before = checkpointed(&store);
@@ -542,4 +543,53 @@ fn replies_go_through_the_answerer_and_around_it_once_its_runtime_ends() {
     drop(answering);
     let second = callers.block_on(async { tokio::time::timeout(Duration::from_secs(10), miss("b")).await });
     assert!(matches!(second, Ok(Ok(()))), "{second:?}");
+}
+
+/// A takeover decided on a snapshot that does not show the owner's late outcome yet (the moment
+/// between the writer's commit and its publish) must not run the operation again: the writer
+/// finds another record than the dead one it was asked to forget, and `begin` decides again, on
+/// the outcome.
+#[tokio::test]
+async fn a_takeover_on_a_stale_snapshot_decides_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let skip = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let checkpoints = Checkpoints {
+        skip_next_publish: Some(skip.clone()),
+        ..CHECKPOINTS.clone()
+    };
+    let store = EmbeddedStore::open_with(dir.path(), checkpoints).unwrap();
+    // A reservation in redb (`on_lease_expiry: fail`), its lease until 1_000.
+    let owner = LeaseToken::random();
+    let mut durable = req(owner, 0);
+    durable.takeover = false;
+    assert!(matches!(
+        store.begin("k", &durable).await,
+        Ok(Begin::Acquired { .. })
+    ));
+    // Its owner completes after the lease ran out, and that commit publishes no snapshot.
+    skip.store(true, Ordering::SeqCst);
+    let ok = StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: Some(b"once".to_vec().into()),
+    };
+    store
+        .complete("k", owner, ok.clone(), 5_000, 1_500)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            store.read("k").unwrap().map(|r| r.state),
+            Some(RecordState::InFlight { .. })
+        ),
+        "callers still read the reservation"
+    );
+    // A request that may take over (the route now says `on_lease_expiry: retry`).
+    match store.begin("k", &req(LeaseToken::random(), 2_000)).await {
+        Ok(Begin::Replay(rec)) => {
+            assert!(matches!(rec.state, RecordState::Completed { response, .. } if response == ok));
+        }
+        other => panic!("expected the owner's outcome, not a second execution: {other:?}"),
+    }
+    assert_eq!(store.reserved.len(), 0, "the takeover left nothing in memory");
 }

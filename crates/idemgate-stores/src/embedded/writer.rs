@@ -153,6 +153,7 @@ impl Writer {
         let mut replies = Vec::with_capacity(batch.len());
         let mut stand_ins = Vec::new();
         let fail = self.checkpoints.fail_next_batch();
+        let publish = !self.checkpoints.skip_next_publish();
         let applied = apply_batch(
             &self.db,
             batch.drain(..),
@@ -164,7 +165,9 @@ impl Writer {
             .fetch_add(u64::from(applied.is_ok()), Ordering::Relaxed);
         // Callers that find no stand-in read this snapshot, so it must show the batch before the
         // stand-ins go. After a failed commit too: like any fresh read, it shows what redb shows.
-        self.snapshot.publish(&self.db);
+        if publish {
+            self.snapshot.publish(&self.db);
+        }
         let frames = std::mem::take(&mut self.frames.buf);
         // Committed: redb shows these writes now, so the entries standing in for them go. Not
         // committed: a reservation that may not be taken over was not made, and an outcome goes
@@ -469,13 +472,12 @@ impl Tables<'_, '_> {
                 Err(e) => Reply::Bool(reply, Err(e), key),
             },
             Op::Forget(key, dead, reply) => match self.load(&key) {
-                Ok(old) => {
-                    if let Some(old) = old.filter(|old| *old == *dead) {
-                        self.write(&key, Some(&old), Write::Delete)?;
-                    }
-                    Reply::Unit(reply, Ok(()), None)
+                Ok(Some(old)) if old == *dead => {
+                    self.write(&key, Some(&old), Write::Delete)?;
+                    Reply::Bool(reply, Ok(true), key)
                 }
-                Err(e) => Reply::Unit(reply, Err(e), None),
+                Ok(old) => Reply::Bool(reply, Ok(old.is_none()), key),
+                Err(e) => Reply::Bool(reply, Err(e), key),
             },
             Op::Sweep(now, reply) => Reply::Count(reply, Ok(self.sweep(now)?)),
         })
