@@ -168,8 +168,10 @@ impl EmbeddedStore {
         let shared = Arc::new(journal::Shared::new(seq));
         let (journal_tx, journal_rx) = std::sync::mpsc::channel();
         let (journal_shared, journal_notifier) = (shared.clone(), notifier.clone());
+        // Thread names stay under 16 bytes: Linux cuts them at 15, and `top -H`, `perf` and
+        // bench/ab.sh must tell the journal and the writer apart.
         let journal_thread = std::thread::Builder::new()
-            .name("idemgate-embedded-journal".into())
+            .name("store-journal".into())
             .spawn(move || journal::run(&file, &journal_rx, &journal_shared, &journal_notifier))
             .map_err(StoreError::backend)?;
         let (tx, rx) = mpsc::unbounded_channel();
@@ -187,7 +189,7 @@ impl EmbeddedStore {
             checkpoints,
         );
         std::thread::Builder::new()
-            .name("idemgate-embedded-writer".into())
+            .name("store-writer".into())
             .spawn(move || writer.run(rx))
             .map_err(StoreError::backend)?;
         Ok(Self {
