@@ -25,7 +25,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use idemgate_core::notify::Notifier;
 use tokio::sync::{mpsc, watch};
@@ -172,6 +172,10 @@ pub(super) struct Shared {
     syncs: AtomicU64,
     /// The task that answers callers on their runtime, if one runs ([`Shared::answer`]).
     answerer: Mutex<Option<mpsc::UnboundedSender<Vec<Reply>>>>,
+    /// Whether the journal thread is writing and syncing a group, and its end
+    /// ([`Shared::wait_while_syncing`]).
+    syncing: Mutex<bool>,
+    synced: Condvar,
 }
 
 impl Shared {
@@ -182,7 +186,33 @@ impl Shared {
             broken: AtomicBool::new(false),
             syncs: AtomicU64::new(0),
             answerer: Mutex::new(None),
+            syncing: Mutex::new(false),
+            synced: Condvar::new(),
         }
+    }
+
+    fn set_syncing(&self, on: bool) {
+        *self.syncing.lock().unwrap_or_else(PoisonError::into_inner) = on;
+        if !on {
+            self.synced.notify_all();
+        }
+    }
+
+    /// Waits, at most `limit`, while the journal thread writes and syncs a group. The writer
+    /// calls it before applying a batch: an outcome that arrives meanwhile cannot reach the disk
+    /// before the next group anyway, so it may as well join this batch (one commit for more
+    /// operations). Returns whether it waited.
+    pub(super) fn wait_while_syncing(&self, limit: std::time::Duration) -> bool {
+        let syncing = self.syncing.lock().unwrap_or_else(PoisonError::into_inner);
+        if !*syncing {
+            return false;
+        }
+        drop(
+            self.synced
+                .wait_timeout_while(syncing, limit, |on| *on)
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        true
     }
 
     /// From now on, groups of replies go to `tx`, whose task answers them on the callers'
@@ -300,6 +330,7 @@ pub(super) fn run(
     let _stop = BreakOnExit(shared.clone());
     let mut offset = 0u64;
     while let Ok(first) = rx.recv() {
+        shared.set_syncing(true);
         let mut replies = Vec::new();
         let mut last = None;
         let mut wrote = false;
@@ -352,6 +383,7 @@ pub(super) fn run(
                 replies.into_iter().for_each(|r| r.fail(&msg));
             }
         }
+        shared.set_syncing(false);
     }
 }
 
@@ -372,6 +404,39 @@ mod tests {
     fn seqs(bytes: &[u8], checkpoint: u64, generation: u64) -> (Vec<u64>, u64) {
         let (frames, highest) = read(bytes, checkpoint, generation);
         (frames.iter().map(|f| f.seq).collect(), highest)
+    }
+
+    /// The writer's pacing: no wait while the journal is idle, a wait that ends when the group
+    /// it waits on is synced, and one that gives up at its limit.
+    #[test]
+    fn the_writer_waits_for_the_group_being_synced_and_no_longer() {
+        use std::time::{Duration, Instant};
+        let shared = Arc::new(Shared::new(0));
+        assert!(
+            !shared.wait_while_syncing(Duration::from_secs(5)),
+            "idle: no wait"
+        );
+        shared.set_syncing(true);
+        let syncing = shared.clone();
+        let ends = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            syncing.set_syncing(false);
+        });
+        let started = Instant::now();
+        assert!(shared.wait_while_syncing(Duration::from_secs(5)));
+        let waited = started.elapsed();
+        ends.join().unwrap();
+        assert!(
+            waited >= Duration::from_millis(40) && waited < Duration::from_secs(4),
+            "woken when the group was synced, not at the limit: {waited:?}"
+        );
+        shared.set_syncing(true);
+        let started = Instant::now();
+        assert!(shared.wait_while_syncing(Duration::from_millis(30)));
+        assert!(
+            started.elapsed() >= Duration::from_millis(30),
+            "a stuck fsync holds nobody past the limit"
+        );
     }
 
     #[test]

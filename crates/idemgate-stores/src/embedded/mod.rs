@@ -13,9 +13,13 @@
 //! [journal](journal), whose own thread appends and fsyncs them in groups; those operations are
 //! answered only once their frames are on disk, the rest (reservations that may be taken over,
 //! renewals) right after the commit. An outcome is therefore on disk before the client sees the
-//! response, one fsync covers many requests, and no reservation waits behind anyone's fsync.
-//! A periodic durable redb commit (a checkpoint) lets the journal start over; at open, the
-//! journal's frames past the last checkpoint are replayed into redb.
+//! response, and one fsync covers many requests. The writer paces itself to the journal: while
+//! the journal syncs a group, the writer gathers what arrives into its next batch (for 2 ms at
+//! most), since none of it could reach the disk before the next group anyway; one commit then
+//! covers more operations (the writer's CPU per miss fell from 12.1-12.6 to 10.6-11.1 µs on the
+//! benchmark rig). A reservation that may be taken over never waits for it: those stay off the
+//! writer (`reserved.rs`). A periodic durable redb commit (a checkpoint) lets the journal start
+//! over; at open, the journal's frames past the last checkpoint are replayed into redb.
 //!
 //! Answers leave the store's threads in groups: [`EmbeddedStore::spawn_answerer`] starts a task
 //! on the callers' runtime that wakes them from inside it (one wake-up from outside per group,
@@ -24,7 +28,7 @@
 //! Reads that need no write (a replay, a mismatch, a key in flight) are answered from a read
 //! snapshot on the caller's task without queueing behind the writer; a replay first waits until
 //! every journaled write it could have seen is on disk. The snapshot is one read transaction
-//! that the writer replaces after each commit ([`snapshot`]), not one per caller.
+//! that the writer replaces after each commit (`snapshot.rs`), not one per caller.
 
 mod journal;
 mod ops;

@@ -19,6 +19,9 @@ use super::{
     encode, journal,
 };
 
+/// The longest the writer waits for the journal's current group before applying a batch.
+const PACE: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// An entry in memory that stands in for a write of the batch, to drop once the batch is
 /// committed (see [`Reserved`]).
 type StandIn = (String, LeaseToken, State);
@@ -101,11 +104,17 @@ impl Writer {
         let mut since_checkpoint = (0u64, Instant::now());
         while let Some(first) = rx.blocking_recv() {
             batch.push(first);
-            while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(op) => batch.push(op),
-                    Err(_) => break,
+            let mut drain = |batch: &mut Vec<Op>| {
+                while batch.len() < MAX_BATCH {
+                    match rx.try_recv() {
+                        Ok(op) => batch.push(op),
+                        Err(_) => break,
+                    }
                 }
+            };
+            drain(&mut batch);
+            if batch.len() < MAX_BATCH && self.shared.wait_while_syncing(PACE) {
+                drain(&mut batch);
             }
             since_checkpoint.0 += self.batch(&mut batch);
             let (bytes, at) = since_checkpoint;
