@@ -386,23 +386,25 @@ impl Store for EmbeddedStore {
                     }
                     Ok(answer)
                 }
-                Decided::Replacing(answer, forgotten) => match forgotten.await {
-                    Ok(Ok(true)) => Ok(answer),
-                    Ok(Ok(false)) => {
+                Decided::Replacing(answer, forgotten) => {
+                    let forgotten = forgotten.await;
+                    if !matches!(forgotten, Ok(Ok(true))) {
+                        self.reserved.remove(key, req.token, State::Memory);
+                        self.notifier.notify(key);
+                    }
+                    match forgotten {
+                        Ok(Ok(true)) => Ok(answer),
                         // The dead record changed before the writer could delete it: its owner
                         // completed or renewed after its lease ran out, in the moment before a
                         // snapshot showed it. Taking over would run the operation twice; decide
                         // again on what redb holds now (published before this answer).
-                        self.reserved.remove(key, req.token, State::Memory);
-                        self.notifier.notify(key);
-                        continue;
+                        Ok(Ok(false)) => continue,
+                        failed => {
+                            Err(failed
+                                .map_or_else(|_| writer_gone(), |r| r.err().unwrap_or_else(writer_gone)))
+                        }
                     }
-                    failed => {
-                        self.reserved.remove(key, req.token, State::Memory);
-                        self.notifier.notify(key);
-                        Err(failed.map_or_else(|_| writer_gone(), |r| r.err().unwrap_or_else(writer_gone)))
-                    }
-                },
+                }
                 Decided::Writer => {
                     // A reservation that may not be taken over must reach the disk: the writer
                     // decides.

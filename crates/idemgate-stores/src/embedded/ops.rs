@@ -132,10 +132,11 @@ pub(super) enum Reply {
         Result<(), StoreError>,
         Option<String>,
     ),
+    /// A purge's answer names its key, whose waiters it wakes; a forget's names none.
     Bool(
         oneshot::Sender<Result<bool, StoreError>>,
         Result<bool, StoreError>,
-        String,
+        Option<String>,
     ),
     Count(
         oneshot::Sender<Result<usize, StoreError>>,
@@ -172,7 +173,9 @@ impl Reply {
             }
             Self::Bool(tx, r, key) => {
                 drop(tx.send(r));
-                notifier.notify(&key);
+                if let Some(key) = key {
+                    notifier.notify(&key);
+                }
             }
             Self::Count(tx, r) => drop(tx.send(r)),
         }

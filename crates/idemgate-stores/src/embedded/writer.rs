@@ -476,17 +476,17 @@ impl Tables<'_, '_> {
                 Ok(old) => {
                     let existed = old.is_some();
                     self.write(&key, old.as_ref(), Write::Delete)?;
-                    Reply::Bool(reply, Ok(existed), key)
+                    Reply::Bool(reply, Ok(existed), Some(key))
                 }
-                Err(e) => Reply::Bool(reply, Err(e), key),
+                Err(e) => Reply::Bool(reply, Err(e), Some(key)),
             },
             Op::Forget(key, dead, reply) => match self.load(&key) {
                 Ok(Some(old)) if old == *dead => {
                     self.write(&key, Some(&old), Write::Delete)?;
-                    Reply::Bool(reply, Ok(true), key)
+                    Reply::Bool(reply, Ok(true), None)
                 }
-                Ok(old) => Reply::Bool(reply, Ok(old.is_none()), key),
-                Err(e) => Reply::Bool(reply, Err(e), key),
+                Ok(old) => Reply::Bool(reply, Ok(old.is_none()), None),
+                Err(e) => Reply::Bool(reply, Err(e), None),
             },
             Op::Sweep(now, reply) => Reply::Count(reply, Ok(self.sweep(now)?)),
         })
