@@ -103,7 +103,9 @@ for round in $(seq 1 "$ROUNDS"); do
     dir="$WORK/gw-$round-$RANDOM"
     mkdir -p "$dir"
     case "$STORE" in
-      memory) store="  kind: memory" ;;
+      # as bench/run.sh: the 512 MiB default would fill up in a long miss round
+      memory) store="  kind: memory
+  max_bytes: 12GiB" ;;
       embedded) store="  kind: embedded
   path: $dir/data" ;;
     esac
