@@ -15,6 +15,7 @@
 mod begin_call;
 pub mod engine;
 pub mod fingerprint;
+pub mod headers;
 pub mod key;
 mod lead;
 pub mod memory;

@@ -1,15 +1,11 @@
 //! Header work of the proxy: what is never forwarded, what a replay carries, and the values
 //! the gateway writes itself.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode, Uri};
-use idemgate_core::engine::is_storable_header;
+use idemgate_core::headers::{self, value as header_value};
 use idemgate_core::record::{Millis, StoredResponse};
 
-use super::{IDEMPOTENCY_EXPIRES, OPERATION_ID};
 use crate::body::{Body, full};
 use crate::config::Route;
 use crate::problem::{Kind, Problem};
@@ -35,18 +31,13 @@ pub(super) fn replay(
 ) -> Response<Body> {
     let mut resp = Response::new(full(stored.body.unwrap_or_default()));
     *resp.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
-    let h = resp.headers_mut();
-    for (name, value) in stored.headers {
-        if let (Ok(n), Ok(v)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_maybe_shared(value),
-        ) {
-            h.append(n, v);
-        }
-    }
-    h.insert(route.replayed_header.clone(), HeaderValue::from_static("true"));
-    h.insert(OPERATION_ID, header_value(operation_id));
-    h.insert(IDEMPOTENCY_EXPIRES, rfc3339(expires_at));
+    headers::write_replay(
+        resp.headers_mut(),
+        stored.headers,
+        &route.replayed_header,
+        operation_id,
+        expires_at,
+    );
     resp
 }
 
@@ -89,13 +80,6 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
     }
 }
 
-pub(super) fn storable_headers(h: &HeaderMap) -> Vec<(String, Bytes)> {
-    h.iter()
-        .filter(|(n, _)| is_storable_header(n.as_str()))
-        .map(|(n, v)| (n.as_str().to_owned(), Bytes::copy_from_slice(v.as_bytes())))
-        .collect()
-}
-
 pub(super) fn upstream_uri(base: &Uri, incoming: &Uri) -> Result<Uri, ()> {
     let prefix = base.path().trim_end_matches('/');
     let mut parts = base.clone().into_parts();
@@ -127,23 +111,4 @@ pub(super) fn forwarded_for(ip: std::net::IpAddr) -> HeaderValue {
             value
         }
     })
-}
-
-pub(crate) fn header_value(s: &str) -> HeaderValue {
-    HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
-}
-
-pub(super) fn rfc3339(at: Millis) -> HeaderValue {
-    use std::io::Write as _;
-    let t = UNIX_EPOCH + Duration::from_millis(at);
-    // Written on the stack: a `String` first was one more allocation per replay.
-    let mut buf = [0u8; 32];
-    let mut out = &mut buf[..];
-    let _ = write!(
-        out,
-        "{}",
-        humantime::format_rfc3339_seconds(t.max(SystemTime::UNIX_EPOCH))
-    );
-    let len = 32 - out.len();
-    HeaderValue::from_bytes(&buf[..len]).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
 }

@@ -46,15 +46,11 @@ mod finish;
 mod headers;
 mod recovery;
 
-use headers::{check_framing, forwarded_for, replay, rfc3339, storable_headers, upstream_uri};
-pub(crate) use headers::{header_value, strip_hop_by_hop};
-
-/// `x-operation-id`: the record's id, identical on the first response and every replay.
-pub const OPERATION_ID: HeaderName = HeaderName::from_static("x-operation-id");
-/// `Idempotency-Status`: `processing` while a recovered key is still in flight (SPEC 5, 8).
-pub const IDEMPOTENCY_STATUS: HeaderName = HeaderName::from_static("idempotency-status");
-/// `Idempotency-Expires`: when the stored outcome stops being replayed (RFC 3339).
-pub const IDEMPOTENCY_EXPIRES: HeaderName = HeaderName::from_static("idempotency-expires");
+pub(crate) use headers::strip_hop_by_hop;
+use headers::{check_framing, forwarded_for, replay, upstream_uri};
+pub(crate) use idemgate_core::headers::value as header_value;
+pub use idemgate_core::headers::{IDEMPOTENCY_EXPIRES, IDEMPOTENCY_STATUS, OPERATION_ID};
+use idemgate_core::headers::{rfc3339, storable as storable_headers};
 
 /// The gateway: configuration, engine, upstream connection pool, and in-flight executions.
 #[derive(Debug)]

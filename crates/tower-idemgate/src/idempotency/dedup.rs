@@ -2,20 +2,21 @@
 //! refuse. Everything here runs inside the one boxed future of a deduplicated request.
 
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http::header::{self, HeaderName, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idemgate_core::engine::{Engine, Started};
 use idemgate_core::fingerprint::Fingerprint;
+use idemgate_core::headers;
+pub(crate) use idemgate_core::headers::value as header_value;
 use idemgate_core::record::{Millis, StoredResponse};
 use idemgate_core::store::Store;
 use tower_service::Service;
 
 use super::config::{Config, OnStoreError};
-use super::{BoxError, IDEMPOTENCY_EXPIRES, IDEMPOTENCY_STATUS, OPERATION_ID, ResponseBody, execute};
+use super::{BoxError, IDEMPOTENCY_STATUS, ResponseBody, execute};
 use crate::problem::{Problem, ProblemKind};
 use crate::procedure::replay_status;
 
@@ -149,29 +150,15 @@ pub(crate) async fn replay<P, B>(
     let mut resp = Response::new(ResponseBody::full(stored.body.unwrap_or_default()));
     *resp.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
     let h = resp.headers_mut();
-    for (name, value) in stored.headers {
-        if let (Ok(n), Ok(v)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_maybe_shared(value),
-        ) {
-            h.append(n, v);
-        }
-    }
-    h.insert(config.replayed_header.clone(), HeaderValue::from_static("true"));
-    h.insert(OPERATION_ID, header_value(operation_id));
-    h.insert(IDEMPOTENCY_EXPIRES, rfc3339(expires_at));
+    headers::write_replay(
+        h,
+        stored.headers,
+        &config.replayed_header,
+        operation_id,
+        expires_at,
+    );
     if let Some(status) = status {
         h.insert(IDEMPOTENCY_STATUS, HeaderValue::from_static(status.as_str()));
     }
     resp
-}
-
-pub(crate) fn header_value(s: &str) -> HeaderValue {
-    HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
-}
-
-/// An instant as an RFC 3339 timestamp, to the second.
-pub(crate) fn rfc3339(at: Millis) -> HeaderValue {
-    let t = UNIX_EPOCH + Duration::from_millis(at);
-    header_value(&humantime::format_rfc3339_seconds(t).to_string())
 }

@@ -19,17 +19,17 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header::HeaderValue;
-use http::{HeaderMap, Request, Response};
+use http::{Request, Response};
 use http_body::Frame;
 use http_body_util::BodyExt;
-use idemgate_core::engine::{Execution, Outcome, is_final, is_storable_header};
+use idemgate_core::engine::{Execution, Outcome, is_final};
+use idemgate_core::headers::{rfc3339, storable as storable_headers, value as header_value};
 use idemgate_core::record::{StoredResponse, now_millis};
 use idemgate_core::store::Store;
 use tokio::sync::{mpsc, oneshot};
 use tower_service::Service;
 
 use super::config::Config;
-use super::dedup::{header_value, rfc3339};
 use super::downstream::Downstream;
 use super::{BoxError, IDEMPOTENCY_EXPIRES, IDEMPOTENCY_STATUS, IdempotencyInfo, OPERATION_ID, ResponseBody};
 use crate::problem::{Problem, ProblemKind};
@@ -192,13 +192,6 @@ async fn finish<St: Store>(exec: Execution<St>, outcome: Outcome) {
         // and the lease rule decides what a retry gets (the gateway's rule too).
         tracing::error!(error = %e, "could not record the outcome");
     }
-}
-
-fn storable_headers(h: &HeaderMap) -> Vec<(String, Bytes)> {
-    h.iter()
-        .filter(|(n, _)| is_storable_header(n.as_str()))
-        .map(|(n, v)| (n.as_str().to_owned(), Bytes::copy_from_slice(v.as_bytes())))
-        .collect()
 }
 
 fn millis(d: Duration) -> u64 {

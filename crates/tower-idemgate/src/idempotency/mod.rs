@@ -57,9 +57,4 @@ use http::HeaderName;
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 /// `Idempotent-Replayed`, the default replay marker.
 pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
-/// `x-operation-id`: the record's id, identical on the first response and every replay.
-pub const OPERATION_ID: HeaderName = HeaderName::from_static("x-operation-id");
-/// `Idempotency-Expires`: when the stored outcome stops being replayed (RFC 3339).
-pub const IDEMPOTENCY_EXPIRES: HeaderName = HeaderName::from_static("idempotency-expires");
-/// `Idempotency-Status`: the created resource's asynchronous state (procedure hooks).
-pub const IDEMPOTENCY_STATUS: HeaderName = HeaderName::from_static("idempotency-status");
+pub use idemgate_core::headers::{IDEMPOTENCY_EXPIRES, IDEMPOTENCY_STATUS, OPERATION_ID};
