@@ -18,6 +18,8 @@
 # Ports 18100-18102, all on 127.0.0.1; everything it starts is stopped on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 
 [[ $# -ge 5 ]] || { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
 STORE="$1" SCENARIO="$2" ROUNDS="$3" SECS="$4"
@@ -102,29 +104,7 @@ for round in $(seq 1 "$ROUNDS"); do
   for bin in "$@"; do
     dir="$WORK/gw-$round-$RANDOM"
     mkdir -p "$dir"
-    case "$STORE" in
-      # as bench/run.sh: the 512 MiB default would fill up in a long miss round
-      memory) store="  kind: memory
-  max_bytes: 12GiB" ;;
-      embedded) store="  kind: embedded
-  path: $dir/data" ;;
-    esac
-    cat >"$dir/idemgate.yaml" <<EOF
-server:
-  listen: 127.0.0.1:$GW_PORT
-store:
-$store
-upstreams:
-  app:
-    url: http://127.0.0.1:$UP_PORT
-routes:
-  - id: all
-    method: [POST, PATCH]
-    path: /**
-    upstream: app
-    policy: accepted
-    scope: global
-EOF
+    gw_yaml "$GW_PORT" "$UP_PORT" "$(local_store_block "$STORE" "$dir")" >"$dir/idemgate.yaml"
     IDEMGATE_LOG=warn taskset -c 1 "$bin" serve --config "$dir/idemgate.yaml" >"$dir/log" 2>&1 &
     gw=$!
     PIDS+=("$gw")

@@ -12,6 +12,8 @@ set -euo pipefail
 
 # ---------------------------------------------------------------- settings
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=bench/lib.sh
+source "$REPO/bench/lib.sh"
 LUA="$REPO/bench/idem.lua"
 DOC="$REPO/docs/benchmarks.md"
 IMG="$REPO/docs/img/benchmarks.svg"
@@ -625,10 +627,7 @@ dedup_rows() {
 gw_config() { # STORE DIR -> writes DIR/idemgate.yaml
   local store="$1" dir="$2" block schema
   case "$store" in
-    memory) block="  kind: memory
-  max_bytes: 12GiB" ;;
-    embedded) block="  kind: embedded
-  path: $dir/idemgate-data" ;;
+    memory | embedded) block="$(local_store_block "$store" "$dir")" ;;
     redis) block="  kind: redis
   url: $REDIS_URL
   prefix: idemgate-bench-$RUN_ID
@@ -641,31 +640,7 @@ gw_config() { # STORE DIR -> writes DIR/idemgate.yaml
   url: $PG_URL?options=-c%20search_path%3D$schema
   timeout: 5s" ;;
   esac
-  cat >"$dir/idemgate.yaml" <<EOF
-server:
-  listen: 127.0.0.1:$GW_PORT
-store:
-$block
-upstreams:
-  app:
-    url: http://127.0.0.1:$UP_PORT
-  slow:
-    url: http://127.0.0.1:$SLOW_PORT
-    timeout: 30s
-routes:
-  - id: storm
-    method: POST
-    path: /storm/**
-    upstream: slow
-    policy: required
-    scope: global
-  - id: all
-    method: [POST, PATCH]
-    path: /**
-    upstream: app
-    policy: accepted
-    scope: global
-EOF
+  gw_yaml "$GW_PORT" "$UP_PORT" "$block" "$SLOW_PORT" >"$dir/idemgate.yaml"
 }
 
 start_gateway() { # STORE -> GW_PID
