@@ -10,6 +10,8 @@
 //! - [`notify`]: in-process wake-ups for waiters.
 //! - [`engine`]: begin / execute / finish, waiting and lease renewal (SPEC section 4).
 //! - [`problem`]: the refusal table (slugs, titles, statuses) and the problem+json body.
+//! - [`headers`]: what a record keeps of a response's headers, and what a replay adds (SPEC
+//!   section 5), for the gateway and the tower layer alike.
 //! - [`memory`]: the sharded, bounded memory store.
 
 mod begin_call;

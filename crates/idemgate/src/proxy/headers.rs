@@ -1,5 +1,6 @@
-//! Header work of the proxy: what is never forwarded, what a replay carries, and the values
-//! the gateway writes itself.
+//! Header work of the proxy: what is never forwarded, the upstream URI and `X-Forwarded-For`,
+//! and a replay's response (its headers are written by [`idemgate_core::headers`], as the tower
+//! layer's are).
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode, Uri};
