@@ -6,10 +6,10 @@
 //! everything *before* the key reaches Restate (identity, policy, key validation, namespacing)
 //! and leaves the deduplication to Restate:
 //!
-//! - [`Gateway::restate`]: `POST {url}/{Service}/{handler}` with `idempotency-key: {namespaced}`.
+//! - `Gateway::restate`: `POST {url}/{Service}/{handler}` with `idempotency-key: {namespaced}`.
 //!   Response headers: `x-restate-id` becomes `x-operation-id`, other `x-restate-*` are dropped,
 //!   `idempotency-expires` is passed on. No local record of the response.
-//! - [`Gateway::restate_recover`]: `GET .../by-idempotency-key/{key}[/output]` becomes
+//! - `Gateway::restate_recover`: `GET .../by-idempotency-key/{key}[/output]` becomes
 //!   `/restate/invocation/{Service}/{handler}/{namespaced}/output`, then `/attach` (bounded by
 //!   `wait_timeout`) while the invocation runs, in the caller's own namespace, with Restate's
 //!   answers mapped to the contract (470 not ready → 202, unknown → 404).
@@ -17,7 +17,7 @@
 //!   service at start (`PATCH /services/{service}`), retried until Restate knows the service.
 //!
 //! One thing Restate cannot do alone: it answers a reused key with the original response even
-//! when the body differs. [`fingerprint`] keeps a bodiless marker per key in idemgate's store so
+//! when the body differs. `fingerprint` keeps a bodiless marker per key in idemgate's store so
 //! such a reuse is refused with 422 (see that module for the concurrency argument).
 
 mod fingerprint;

@@ -6,7 +6,7 @@
 //!   the retention window and every retry gets the original response.
 //! - [`once`](mod@once): case C, handler-internal deduplication. The handler derives its own
 //!   token from trusted signals and runs a closure at most once per token.
-//! - [`client`] (feature `client`): a retrying reqwest client that sends one key per logical
+//! - `client` (feature `client`): a retrying reqwest client that sends one key per logical
 //!   intent and retries only what is safe to retry.
 //! - [`procedure`]: hooks that resolve a created resource's asynchronous status for
 //!   `Idempotency-Status` on replays.

@@ -10,7 +10,7 @@
 //! Group commit: every mutation goes to one writer thread, which drains whatever is queued
 //! (up to [`MAX_BATCH`]) and applies it in one write transaction, committed without an fsync.
 //! The writes that must survive a crash (outcomes, releases, purges) also go to the
-//! [journal](journal), whose own thread appends and fsyncs them in groups; those operations are
+//! journal (`journal.rs`), whose own thread appends and fsyncs them in groups; those operations are
 //! answered only once their frames are on disk, the rest (reservations that may be taken over,
 //! renewals) right after the commit. An outcome is therefore on disk before the client sees the
 //! response, and one fsync covers many requests. The writer paces itself to the journal: while

@@ -12,7 +12,7 @@
 //! Waiters. A `begin` that answers "in flight" flags the owner's row (`waiters`), guarded by
 //! the owner's token so the flag cannot land on a successor. `complete` and `release` of a
 //! flagged row `NOTIFY idemgate_records` with the namespaced key; one `LISTEN` connection per
-//! store ([`listener`]) wakes local waiters. Unflagged rows notify nothing: `NOTIFY` takes a
+//! store (`listener.rs`) wakes local waiters. Unflagged rows notify nothing: `NOTIFY` takes a
 //! database-wide lock at commit, which uncontended traffic should not pay for.
 //!
 //! Schema. Versioned migrations ([`sql::MIGRATIONS`]) run under `pg_advisory_xact_lock`, so two

@@ -2,7 +2,7 @@
 //!
 //! Layout. One string per record under `{prefix}:{<namespaced key>}`: a fixed header (state,
 //! waiter flag, token, fingerprint, lease, expiry, created, generation), then route, operation
-//! id and, once completed, the encoded response ([`layout`]). The braces are a hash tag:
+//! id and, once completed, the encoded response (`layout.rs`). The braces are a hash tag:
 //! everything a record owns hashes to one slot, and every command touches one key, so the
 //! layout runs unchanged on Redis Cluster.
 //!
@@ -23,7 +23,7 @@
 //!
 //! Waiters. A `begin` that answers "in flight" sets the record's waiter flag; `complete`,
 //! `release` and `purge` then `PUBLISH` the namespaced key on `{prefix}:done`, and every replica's
-//! subscriber ([`subscriber`]) wakes its local waiters. Uncontended keys publish nothing.
+//! subscriber (`subscriber.rs`) wakes its local waiters. Uncontended keys publish nothing.
 //!
 //! Failures. Every call is bounded by the configured timeout ([`StoreError::Timeout`]);
 //! connection errors are retried within that bound, which is safe because every operation is

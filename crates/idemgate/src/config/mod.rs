@@ -1,5 +1,6 @@
-//! Configuration: the YAML file ([`file`]) resolved into the gateway's runtime [`Config`], with
-//! every default applied and every cross-reference checked. Errors name the key and its line.
+//! Configuration: the YAML file ([`file`](mod@file)) resolved into the gateway's runtime
+//! [`Config`], with every default applied and every cross-reference checked. Errors name the key
+//! and its line.
 
 pub mod file;
 pub mod identity;
