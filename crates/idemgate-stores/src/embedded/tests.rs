@@ -128,8 +128,7 @@ async fn abort_child() {
         bytes: 2048,
         every: Duration::from_secs(3600),
         paused: Some(paused.clone()),
-        fail_next_batch: None,
-        skip_next_publish: None,
+        ..CHECKPOINTS.clone()
     };
     let store = EmbeddedStore::open_with(&dir, small).unwrap();
     let before = checkpointed(&store);

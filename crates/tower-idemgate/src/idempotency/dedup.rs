@@ -10,7 +10,6 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idemgate_core::engine::{Engine, Started};
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::headers;
-pub(crate) use idemgate_core::headers::value as header_value;
 use idemgate_core::record::{Millis, StoredResponse};
 use idemgate_core::store::Store;
 use tower_service::Service;

@@ -20,12 +20,13 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
 use idemgate_core::engine::{Engine, Lookup};
+use idemgate_core::headers::value as header_value;
 use idemgate_core::record::RecordState;
 use idemgate_core::store::Store;
 use tower_service::Service;
 
 use super::config::Config;
-use super::dedup::{header_value, not_retained, replay};
+use super::dedup::{not_retained, replay};
 use super::{IDEMPOTENCY_STATUS, OPERATION_ID, ResponseBody};
 use crate::principal::PrincipalSource;
 use crate::problem::{Problem, ProblemKind};
