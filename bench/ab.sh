@@ -42,26 +42,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-user_line=""
-[[ $EUID -eq 0 ]] && user_line="user root root;"
 mkdir -p "$WORK/nginx/tmp"
-cat >"$WORK/nginx/nginx.conf" <<EOF
-$user_line
-worker_processes 1;
-daemon off;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  client_body_temp_path $WORK/nginx/tmp;
-  server {
-    listen 127.0.0.1:$UP_PORT backlog=4096;
-    location / { default_type application/json; return 200 '{"ok":true,"id":"ord_1"}'; }
-  }
-}
-EOF
+nginx_conf_text "$WORK/nginx" 1 "$(static_upstream "$UP_PORT")" >"$WORK/nginx/nginx.conf"
 taskset -c 0 "$NGINX" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -e "$WORK/nginx/error.log" &
 PIDS+=($!)
 
@@ -97,8 +79,6 @@ wrk_row() { # SECONDS PREFIX -> the RESULT line of bench/idem.lua
   taskset -c 0 wrk -t1 -c32 -d"$1"s -s bench/idem.lua "http://127.0.0.1:$GW_PORT/api/v1/orders" \
     -- "$SCENARIO" "$2" 2>&1 | grep '^RESULT' || true
 }
-
-kv() { sed -n "s/.*[ ]$2=\([^ ]*\).*/\1/p" <<<" $1"; }
 
 for round in $(seq 1 "$ROUNDS"); do
   for bin in "$@"; do

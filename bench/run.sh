@@ -317,43 +317,15 @@ fi
 
 # ---------------------------------------------------------------- nginx configs
 nginx_conf() { # NAME PORT BODY-OF-HTTP-BLOCK
-  local name="$1" port="$2" inner="$3" user_line=""
+  local name="$1" port="$2" inner="$3"
   mkdir -p "$WORK/$name/tmp"
   chmod -R 755 "$WORK/$name"
-  # as root nginx would switch workers to "nobody nobody" (no such group on Debian)
-  if [[ $EUID -eq 0 ]]; then user_line="user root root;"; fi
-  cat >"$WORK/$name/nginx.conf" <<EOF
-$user_line
-worker_processes $NGINX_WORKERS;
-daemon off;
-master_process on;
-pid $WORK/$name/nginx.pid;
-error_log $WORK/$name/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_timeout 75s;
-  keepalive_requests 1000000;
-  client_body_temp_path $WORK/$name/tmp/body;
-  proxy_temp_path $WORK/$name/tmp/proxy;
-  fastcgi_temp_path $WORK/$name/tmp/fastcgi;
-  uwsgi_temp_path $WORK/$name/tmp/uwsgi;
-  scgi_temp_path $WORK/$name/tmp/scgi;
-$inner
-}
-EOF
+  nginx_conf_text "$WORK/$name" "$NGINX_WORKERS" "$inner" >"$WORK/$name/nginx.conf"
   "$NGINX" -t -q -p "$WORK/$name" -e "$WORK/$name/error.log" -c "$WORK/$name/nginx.conf" \
     || die "nginx config test failed for $name"
 }
 
-nginx_conf upstream $UP_PORT "
-  server {
-    listen 127.0.0.1:$UP_PORT backlog=4096;
-    location / {
-      default_type application/json;
-      return 200 '{\"ok\":true,\"id\":\"ord_1\"}';
-    }
-  }"
+nginx_conf upstream $UP_PORT "$(static_upstream "$UP_PORT")"
 
 nginx_conf proxy $PROXY_PORT "
   upstream app {
@@ -484,11 +456,6 @@ run_loadgen() {
   if ((rc != 0)); then cat "$out" >&2; die "idemgate-bench $1 failed ($name), exit $rc"; fi
   grep -q '^RESULT ' "$out" || { cat "$out" >&2; die "no RESULT line from idemgate-bench ($name)"; }
   LG_LINE="$(grep -m1 '^RESULT ' "$out")"
-}
-kv() { # kv "RESULT a=1 b=2" b -> 2
-  local f
-  for f in $1; do [[ "$f" == "$2="* ]] && { echo "${f#*=}"; return; }; done
-  echo ""
 }
 
 nonce() { printf '%s%04d' "$(date +%s%N | cut -c8-16)" $((RANDOM % 10000)); }
