@@ -2,8 +2,6 @@
 //! write a replay the same way (SPEC 5): which upstream headers a record keeps, and what a
 //! replay carries besides them.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
@@ -56,21 +54,50 @@ pub fn value(s: &str) -> HeaderValue {
     HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
 }
 
-/// An instant as an RFC 3339 timestamp, to the second.
+/// An instant as an RFC 3339 timestamp, to the second (`2026-11-25T14:05:09Z`).
 #[must_use]
 pub fn rfc3339(at: Millis) -> HeaderValue {
-    use std::io::Write as _;
-    let t = UNIX_EPOCH + Duration::from_millis(at);
-    // Written on the stack: a `String` first was one more allocation per replay.
-    let mut buf = [0u8; 32];
-    let mut out = &mut buf[..];
-    let _ = write!(
-        out,
-        "{}",
-        humantime::format_rfc3339_seconds(t.max(SystemTime::UNIX_EPOCH))
-    );
-    let len = 32 - out.len();
-    HeaderValue::from_bytes(&buf[..len]).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+    let secs = at / 1000;
+    let (year, month, day) = civil_from_days(secs / 86_400);
+    if year > 9999 {
+        // RFC 3339 has four-digit years (and `humantime`, used here before, failed past them).
+        return HeaderValue::from_static("9999-12-31T23:59:59Z");
+    }
+    // Written by hand: through `fmt` it was the largest part of a replay's header work.
+    let mut buf = *b"0000-00-00T00:00:00Z";
+    let of_day = secs % 86_400;
+    for (at, value, width) in [
+        (0, year, 4),
+        (5, month, 2),
+        (8, day, 2),
+        (11, of_day / 3600, 2),
+        (14, of_day / 60 % 60, 2),
+        (17, of_day % 60, 2),
+    ] {
+        let mut v = value;
+        for i in (at..at + width).rev() {
+            #[allow(clippy::cast_possible_truncation)] // a decimal digit
+            let digit = (v % 10) as u8;
+            buf[i] = b'0' + digit;
+            v /= 10;
+        }
+    }
+    HeaderValue::from_bytes(&buf).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+}
+
+/// (year, month, day) of a day counted from 1970-01-01: Howard Hinnant's `civil_from_days`,
+/// for days on or after the epoch.
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
 }
 
 #[cfg(test)]
@@ -113,5 +140,22 @@ mod tests {
     fn text_that_is_no_header_value_becomes_invalid() {
         assert_eq!(value("op_1"), "op_1");
         assert_eq!(value("a\r\nb"), "invalid");
+    }
+
+    #[test]
+    fn rfc3339_matches_humantime() {
+        let fmt = |at: Millis| {
+            let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(at);
+            humantime::format_rfc3339_seconds(t).to_string()
+        };
+        let day = 86_400_000;
+        let mut instants = vec![0, 999, 1_000, day - 1, day, 951_782_400_000, 4_107_542_399_999];
+        // Leap days, year ends and a spread of ordinary instants up to the year 9999.
+        instants.extend((0..4000u64).map(|i| i * 63_113_904_001 % 253_402_300_799_000));
+        instants.extend((0..400u64).map(|y| (y * 365 + y / 4) * day + 59 * day));
+        for at in instants {
+            assert_eq!(rfc3339(at).to_str().unwrap(), fmt(at), "at {at}");
+        }
+        assert_eq!(rfc3339(Millis::MAX).to_str().unwrap(), "9999-12-31T23:59:59Z");
     }
 }

@@ -17,18 +17,34 @@
 //! Leads are local: requests on other replicas still ask the store, and the store stays the one
 //! arbiter of who executes. A lead only spares this process's duplicates the round trip.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use hashbrown::HashTable;
 
 use crate::fingerprint::Fingerprint;
 use crate::notify::Notifier;
 
+/// Shards of the lead table: every keyed request takes a lead and gives it up, so one lock for
+/// all keys would be taken twice per request by every worker thread.
+const SHARDS: usize = 32;
+
 /// The keys this process is asking the store about or executing, each with the request that
 /// leads it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Leads {
-    // The key is shared with its `Lead`: one allocation per lead, not two.
-    keys: Mutex<HashMap<Arc<str>, Leader>>,
+    // SipHash with a random key, as the memory store: keys are chosen by clients. Hashed once
+    // per lead; the hash picks the shard and stays with the lead for its removal.
+    hasher: RandomState,
+    shards: Box<[Mutex<HashTable<Held>>]>,
+}
+
+/// A held lead: the key (shared with its `Lead`), its hash, and the request leading it.
+#[derive(Debug)]
+struct Held {
+    hash: u64,
+    key: Arc<str>,
+    leader: Leader,
 }
 
 /// The request leading a key: its fingerprint and route.
@@ -42,7 +58,22 @@ pub(crate) enum Taken {
     Other,
 }
 
+impl Default for Leads {
+    fn default() -> Self {
+        Self {
+            hasher: RandomState::new(),
+            shards: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
+        }
+    }
+}
+
 impl Leads {
+    fn shard(&self, hash: u64) -> MutexGuard<'_, HashTable<Held>> {
+        #[allow(clippy::cast_possible_truncation)] // masked to 0..SHARDS
+        let i = (hash >> 57) as usize % SHARDS;
+        self.shards[i].lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// The lead of `key` for this request, unless another request of this process holds it.
     pub(crate) fn try_lead(
         self: &Arc<Self>,
@@ -50,23 +81,34 @@ impl Leads {
         request: (Fingerprint, &str),
         notifier: &Arc<Notifier>,
     ) -> Result<Lead, Taken> {
-        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(leader) = keys.get(key) {
-            return Err(compare(leader, request));
+        let hash = self.hasher.hash_one(key);
+        let mut shard = self.shard(hash);
+        match shard.entry(hash, |h| *h.key == *key, |h| h.hash) {
+            hashbrown::hash_table::Entry::Occupied(held) => Err(compare(&held.get().leader, request)),
+            hashbrown::hash_table::Entry::Vacant(slot) => {
+                let key: Arc<str> = key.into();
+                slot.insert(Held {
+                    hash,
+                    key: key.clone(),
+                    leader: (request.0, request.1.into()),
+                });
+                Ok(Lead {
+                    leads: self.clone(),
+                    notifier: notifier.clone(),
+                    hash,
+                    key,
+                })
+            }
         }
-        let key: Arc<str> = key.into();
-        keys.insert(key.clone(), (request.0, request.1.into()));
-        Ok(Lead {
-            leads: self.clone(),
-            notifier: notifier.clone(),
-            key,
-        })
     }
 
     /// Who holds the lead of `key`, compared with this request; `None` when nobody does.
     pub(crate) fn holder(&self, key: &str, request: (Fingerprint, &str)) -> Option<Taken> {
-        let keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
-        keys.get(key).map(|leader| compare(leader, request))
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shard(hash);
+        shard
+            .find(hash, |h| *h.key == *key)
+            .map(|held| compare(&held.leader, request))
     }
 }
 
@@ -83,17 +125,20 @@ fn compare((fp, route): &Leader, (fingerprint, r): (Fingerprint, &str)) -> Taken
 pub(crate) struct Lead {
     leads: Arc<Leads>,
     notifier: Arc<Notifier>,
+    hash: u64,
     key: Arc<str>,
 }
 
 impl Drop for Lead {
     fn drop(&mut self) {
         // Removed first: a waiter woken here then finds the key free and takes the lead.
-        self.leads
-            .keys
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&*self.key);
+        let mut shard = self.leads.shard(self.hash);
+        let held = shard
+            .find_entry(self.hash, |h| Arc::ptr_eq(&h.key, &self.key))
+            .ok()
+            .map(|entry| entry.remove().0);
+        drop(shard);
+        drop(held);
         self.notifier.lead_ended(&self.key);
     }
 }

@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::Notify;
@@ -29,6 +30,17 @@ pub struct Notifier {
     hasher: RandomState,
     // A std Mutex: the critical sections are a hash-map lookup and never await.
     shards: Box<[Shard]>,
+    /// Subscriptions alive on every key. Most keyed requests end with nobody waiting anywhere
+    /// (a miss publishes its hand-off, its store's news and its lead's end: three shard lookups
+    /// for no one), so a wake-up first reads this and stops at zero.
+    ///
+    /// No wake-up is lost by it. A subscriber counts itself before it checks again what it
+    /// waits for (the store, the lead table), under their locks; a waker changes that state, under
+    /// the same locks, before it reads the count. So either the subscriber's check sees the
+    /// change, or the change's lock was taken after the subscriber's, which follows its count,
+    /// and the waker sees the count. (And a missed wake-up would only delay a waiter to its next
+    /// timer, as the module documentation says.)
+    watching: AtomicUsize,
 }
 
 struct Entry {
@@ -58,6 +70,7 @@ impl Default for Notifier {
         Self {
             hasher: RandomState::new(),
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            watching: AtomicUsize::new(0),
         }
     }
 }
@@ -69,6 +82,11 @@ impl std::fmt::Debug for Notifier {
 }
 
 impl Notifier {
+    /// Whether nobody is subscribed to any key (see `watching`).
+    fn nobody_watches(&self) -> bool {
+        self.watching.load(Ordering::SeqCst) == 0
+    }
+
     fn shard(&self, key: &str) -> &Shard {
         let i = usize::try_from(self.hasher.hash_one(key)).unwrap_or(0) % SHARDS;
         &self.shards[i]
@@ -99,6 +117,7 @@ impl Notifier {
                 handoff: None,
             });
             entry.subscribers += 1;
+            self.watching.fetch_add(1, Ordering::SeqCst);
             let notify = if lead { &entry.lead } else { &entry.notify };
             (notify.clone(), entry.published)
         };
@@ -117,6 +136,9 @@ impl Notifier {
     /// Wakes the key's waiters with the outcome `handoff` builds (only built if someone waits).
     /// Call it only once the outcome is recorded in the store.
     pub fn publish(&self, key: &str, handoff: impl FnOnce() -> Handoff) {
+        if self.nobody_watches() {
+            return;
+        }
         let mut shard = self.shard(key).lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(entry) = shard.get_mut(key) {
             entry.published += 1;
@@ -128,6 +150,9 @@ impl Notifier {
 
     /// Wakes every subscriber of `key`, those waiting on a lead included: the lead ended.
     pub fn lead_ended(&self, key: &str) {
+        if self.nobody_watches() {
+            return;
+        }
         let shard = self.shard(key).lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(entry) = shard.get(key) {
             entry.notify.notify_waiters();
@@ -137,6 +162,9 @@ impl Notifier {
 
     /// Wakes the current subscribers of `key` (store news; not those waiting on a lead).
     pub fn notify(&self, key: &str) {
+        if self.nobody_watches() {
+            return;
+        }
         let shard = self.shard(key).lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(entry) = shard.get(key) {
             entry.notify.notify_waiters();
@@ -206,6 +234,7 @@ impl Drop for Subscription {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         if let Some(entry) = shard.get_mut(&*self.key) {
+            self.notifier.watching.fetch_sub(1, Ordering::SeqCst);
             entry.subscribers -= 1;
             if entry.subscribers == 0 {
                 shard.remove(&*self.key);

@@ -169,19 +169,48 @@ pub fn complete(
     retention_ms: u64,
     now: Millis,
 ) -> Result<Write, Fenced> {
+    // A copy only for the owner's completion; the other answers need none.
+    if completes(existing, token, now)? {
+        complete_taking(existing.cloned(), token, response, retention_ms, now)
+    } else {
+        Ok(Write::Keep)
+    }
+}
+
+/// [`complete`] on a record the caller has decoded for this call: the completed record is built
+/// from it instead of a copy (its route and operation id are not allocated again).
+///
+/// # Errors
+/// [`Fenced`] when `token` is not the record's owner.
+pub fn complete_taking(
+    existing: Option<Record>,
+    token: LeaseToken,
+    response: StoredResponse,
+    retention_ms: u64,
+    now: Millis,
+) -> Result<Write, Fenced> {
+    match existing {
+        Some(mut done) if completes(Some(&done), token, now)? => {
+            done.state = RecordState::Completed { token, response };
+            done.expires_at = now + retention_ms;
+            Ok(Write::Put(done))
+        }
+        Some(_) => Ok(Write::Keep),
+        None => Err(Fenced),
+    }
+}
+
+/// Whether `token` may complete `existing` (`true`), has already completed it (`false`), or does
+/// not own it.
+fn completes(existing: Option<&Record>, token: LeaseToken, now: Millis) -> Result<bool, Fenced> {
     // An expired record is gone (the owner lost it), whether or not a sweep has removed it yet.
     let Some(rec) = existing.filter(|r| r.is_live(now)) else {
         return Err(Fenced);
     };
     match &rec.state {
-        RecordState::InFlight { token: t, .. } if *t == token => {
-            let mut done = rec.clone();
-            done.state = RecordState::Completed { token, response };
-            done.expires_at = now + retention_ms;
-            Ok(Write::Put(done))
-        }
+        RecordState::InFlight { token: t, .. } if *t == token => Ok(true),
         // Retried after it took effect: already done, not a conflict.
-        RecordState::Completed { token: t, .. } if *t == token => Ok(Write::Keep),
+        RecordState::Completed { token: t, .. } if *t == token => Ok(false),
         _ => Err(Fenced),
     }
 }

@@ -429,7 +429,7 @@ impl Store for MemoryStore {
         {
             let (hash, mut table) = self.shard(key);
             let existing = self.find(&table, hash, key)?;
-            let write = rules::complete(existing.as_ref(), token, response, retention_ms, now)?;
+            let write = rules::complete_taking(existing, token, response, retention_ms, now)?;
             self.apply(&mut table, hash, key, write);
         }
         self.notifier.notify(key);
