@@ -172,4 +172,34 @@ mod tests {
         assert!(leads.try_lead("k", req, &notifier).is_ok(), "free again");
         drop(other);
     }
+
+    /// The engine's waiting protocol (subscribe, then check the lead table, then sleep) against
+    /// a lead given up at the same moment on another thread: the waiter either sees the key free
+    /// or is woken, never sleeps to its deadline. The notifier skips wake-ups when nobody is
+    /// subscribed, so this is the race that skip must not lose.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lead_given_up_while_a_request_subscribes_wakes_it() {
+        let req = (Fingerprint([1; 32]), "r");
+        for round in 0..2000 {
+            let leads = Arc::new(Leads::default());
+            let notifier = Arc::new(Notifier::default());
+            let lead = leads.try_lead("k", req, &notifier).ok().expect("free");
+            let waiter = tokio::spawn({
+                let (leads, notifier) = (leads.clone(), notifier.clone());
+                async move {
+                    let mut sub = notifier.subscribe_lead("k");
+                    if leads.holder("k", req).is_none() {
+                        return true;
+                    }
+                    let deadline = std::time::Duration::from_secs(5);
+                    tokio::time::timeout(deadline, sub.notified()).await.is_ok()
+                }
+            });
+            tokio::spawn(async move { drop(lead) }).await.expect("dropped");
+            assert!(
+                waiter.await.expect("waiter"),
+                "round {round}: the waiter slept to its deadline"
+            );
+        }
+    }
 }

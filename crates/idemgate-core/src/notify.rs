@@ -308,4 +308,24 @@ mod tests {
         drop(sub);
         assert_eq!(n.watched_keys(), 0);
     }
+
+    /// Wake-ups are skipped only while no subscription is alive anywhere: the count rises with
+    /// each subscription of either kind and falls back to zero when they are dropped.
+    #[tokio::test]
+    async fn the_subscription_count_follows_the_subscriptions() {
+        let n = Arc::new(Notifier::default());
+        assert!(n.nobody_watches());
+        let (a, b, c) = (n.subscribe("k"), n.subscribe_lead("k"), n.subscribe("other"));
+        assert_eq!(n.watching.load(Ordering::SeqCst), 3);
+        drop((a, b));
+        assert!(!n.nobody_watches());
+        let mut d = n.subscribe("k");
+        n.notify("k");
+        tokio::time::timeout(Duration::from_secs(1), d.notified())
+            .await
+            .expect("a subscriber is woken while another key is watched");
+        drop((c, d));
+        assert!(n.nobody_watches());
+        assert_eq!(n.watched_keys(), 0);
+    }
 }
