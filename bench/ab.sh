@@ -10,6 +10,7 @@
 #   STORE     memory | embedded
 #   SCENARIO  passthrough | miss | replay (a pool of 1,000 keys, primed before each round)
 #
+# Rounds alternate the binaries' order (A B, then B A) so neither always runs first.
 # Topology as in bench/run.sh: a static nginx upstream and wrk -t1 -c32 on CPU 0, the gateway on
 # CPU 1, one catch-all `accepted` route with `scope: global`, a fresh store (and data directory)
 # per round, a discarded 2 s warm-up, then SECONDS measured. Prints one line per round and binary:
@@ -21,7 +22,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 
-[[ $# -ge 5 ]] || { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
+[[ $# -ge 5 ]] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
 STORE="$1" SCENARIO="$2" ROUNDS="$3" SECS="$4"
 shift 4
 case "$STORE" in memory | embedded) ;; *) echo "ab: store must be memory or embedded" >&2; exit 64 ;; esac
@@ -80,8 +81,16 @@ wrk_row() { # SECONDS PREFIX -> the RESULT line of bench/idem.lua
     -- "$SCENARIO" "$2" 2>&1 | grep '^RESULT' || true
 }
 
+BINS=("$@")
 for round in $(seq 1 "$ROUNDS"); do
-  for bin in "$@"; do
+  # Odd rounds run the binaries in the order given, even rounds in reverse: on a noisy machine
+  # the first of a pair has been seen to run faster, for no reason of its own.
+  order=("${BINS[@]}")
+  if ((round % 2 == 0)); then
+    order=()
+    for ((i = ${#BINS[@]} - 1; i >= 0; i--)); do order+=("${BINS[$i]}"); done
+  fi
+  for bin in "${order[@]}"; do
     dir="$WORK/gw-$round-$RANDOM"
     mkdir -p "$dir"
     gw_yaml "$GW_PORT" "$UP_PORT" "$(local_store_block "$STORE" "$dir")" >"$dir/idemgate.yaml"
