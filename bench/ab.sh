@@ -28,57 +28,13 @@ shift 4
 case "$STORE" in memory | embedded) ;; *) echo "ab: store must be memory or embedded" >&2; exit 64 ;; esac
 case "$SCENARIO" in passthrough | miss | replay) ;; *) echo "ab: unknown scenario $SCENARIO" >&2; exit 64 ;; esac
 for bin in "$@"; do [[ -x "$bin" ]] || { echo "ab: $bin is not an executable" >&2; exit 64; }; done
-for tool in wrk nginx taskset curl python3; do
-  command -v "$tool" >/dev/null || [[ -x "/usr/sbin/$tool" ]] || { echo "ab: $tool is needed" >&2; exit 69; }
-done
-NGINX="$(command -v nginx || echo /usr/sbin/nginx)"
-
 UP_PORT=18100 GW_PORT=18102
-WORK="$(mktemp -d /tmp/idemgate-ab.XXXXXX)"
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-mkdir -p "$WORK/nginx/tmp"
-nginx_conf_text "$WORK/nginx" 1 "$(static_upstream "$UP_PORT")" >"$WORK/nginx/nginx.conf"
-taskset -c 0 "$NGINX" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -e "$WORK/nginx/error.log" &
-PIDS+=($!)
-
-wait_http() { # PORT: a POST answered within 20 s
-  for _ in $(seq 1 200); do
-    curl -s -o /dev/null -X POST "http://127.0.0.1:$1/x" && return 0
-    sleep 0.1
-  done
-  echo "ab: nothing answers on port $1" >&2
-  exit 1
-}
-wait_http "$UP_PORT"
-
-prime() { # 1,000 completed keys rpool0..rpool999, one keep-alive connection
-  python3 - "$GW_PORT" <<'EOF'
-import http.client, sys
-c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]))
-for i in range(1000):
-    c.request("POST", "/api/v1/orders", '{"amount":100,"currency":"eur"}',
-              {"Idempotency-Key": f"rpool{i}", "Content-Type": "application/json"})
-    r = c.getresponse(); r.read()
-    assert r.status == 200, r.status
-EOF
-}
+rig_start ab "$UP_PORT"
 
 cpu_by_thread() { # PID: "tid name ticks" per thread
   for t in /proc/"$1"/task/*; do
     echo "$(basename "$t") $(tr ' ' _ <"$t/comm") $(awk '{print $14 + $15}' "$t/stat")"
   done | sort
-}
-
-wrk_row() { # SECONDS PREFIX -> the RESULT line of bench/idem.lua
-  taskset -c 0 wrk -t1 -c32 -d"$1"s -s bench/idem.lua "http://127.0.0.1:$GW_PORT/api/v1/orders" \
-    -- "$SCENARIO" "$2" 2>&1 | grep '^RESULT' || true
 }
 
 BINS=("$@")
@@ -97,12 +53,12 @@ for round in $(seq 1 "$ROUNDS"); do
     IDEMGATE_LOG=warn taskset -c 1 "$bin" serve --config "$dir/idemgate.yaml" >"$dir/log" 2>&1 &
     gw=$!
     PIDS+=("$gw")
-    wait_http "$GW_PORT"
+    rig_wait "$GW_PORT" 20
     prefix="ab$round$RANDOM"
-    [[ "$SCENARIO" == replay ]] && { prime; prefix=rpool; }
-    wrk_row 2 "w$prefix" >/dev/null
+    [[ "$SCENARIO" == replay ]] && { rig_prime "$GW_PORT"; prefix=rpool; }
+    rig_wrk 32 2 "w$prefix" >/dev/null
     cpu_by_thread "$gw" >"$dir/t0"
-    line="$(wrk_row "$SECS" "$prefix")"
+    line="$(rig_wrk 32 "$SECS" "$prefix")"
     cpu_by_thread "$gw" >"$dir/t1"
     requests="$(kv "$line" requests)"
     [[ -n "$requests" && "$requests" -gt 0 ]] || { echo "ab: no result from wrk for $bin" >&2; exit 1; }

@@ -99,3 +99,62 @@ local_store_block() {
     *) return 1 ;;
   esac
 }
+
+# The small rigs (bench/ab.sh, bench/instructions.sh) start the same way.
+#
+# rig_start NAME UP_PORT [TOOL...]: checks wrk, nginx, taskset, curl, python3 and the TOOLs; makes
+# $WORK (removed on exit, with every pid in $PIDS stopped) and starts the static nginx upstream on
+# CPU 0 at UP_PORT, answering before it returns.
+rig_start() {
+  local name="$1" up_port="$2" tool
+  shift 2
+  for tool in wrk nginx taskset curl python3 "$@"; do
+    command -v "$tool" >/dev/null || [[ -x "/usr/sbin/$tool" ]] || { echo "$name: $tool is needed" >&2; exit 69; }
+  done
+  RIG_NAME="$name"
+  WORK="$(mktemp -d "/tmp/idemgate-$name.XXXXXX")"
+  PIDS=()
+  trap rig_cleanup EXIT
+  mkdir -p "$WORK/nginx/tmp"
+  nginx_conf_text "$WORK/nginx" 1 "$(static_upstream "$up_port")" >"$WORK/nginx/nginx.conf"
+  taskset -c 0 "$(command -v nginx || echo /usr/sbin/nginx)" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" \
+    -e "$WORK/nginx/error.log" &
+  PIDS+=($!)
+  rig_wait "$up_port" 20
+}
+
+rig_cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+
+# rig_wait PORT SECONDS: a POST to 127.0.0.1:PORT answered within SECONDS, or the rig exits.
+rig_wait() {
+  for _ in $(seq 1 $(($2 * 10))); do
+    curl -s -o /dev/null -X POST "http://127.0.0.1:$1/x" && return 0
+    sleep 0.1
+  done
+  echo "$RIG_NAME: nothing answers on port $1" >&2
+  exit 1
+}
+
+# rig_prime PORT: the replay pool, keys rpool0..rpool999 completed over one keep-alive connection.
+rig_prime() {
+  python3 - "$1" <<'PY'
+import http.client, sys
+c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]))
+for i in range(1000):
+    c.request("POST", "/api/v1/orders", '{"amount":100,"currency":"eur"}',
+              {"Idempotency-Key": f"rpool{i}", "Content-Type": "application/json"})
+    r = c.getresponse(); r.read()
+    assert r.status == 200, r.status
+PY
+}
+
+# rig_wrk CONNECTIONS SECONDS PREFIX: the RESULT line of bench/idem.lua, $SCENARIO against the
+# gateway at $GW_PORT, wrk on CPU 0.
+rig_wrk() {
+  taskset -c 0 wrk -t1 -c"$1" -d"$2"s -s bench/idem.lua "http://127.0.0.1:$GW_PORT/api/v1/orders" \
+    -- "$SCENARIO" "$3" 2>&1 | grep '^RESULT' || true
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Instructions per request of idemgate builds, counted by valgrind's callgrind: a measure that
+# does not drift with the machine, for changes smaller than the spread between bench/ab.sh rounds.
+#
+#   bench/instructions.sh STORE SCENARIO SECONDS BIN [BIN...]
+#   bench/instructions.sh memory replay 6 /tmp/idemgate-before target/release/idemgate
+#
+#   STORE     memory | embedded
+#   SCENARIO  passthrough | miss | replay (1,000 keys primed first)
+#
+# Each binary runs under callgrind on CPU 1 behind a static nginx upstream, with the gateway
+# configuration of bench/run.sh. wrk (-t1 -c4, bench/idem.lua, CPU 0) warms it up for 2 s, the
+# counters are zeroed, then SECONDS of wrk are counted; the line printed is the instructions of
+# the whole process (every thread) over the requests served. Valgrind hashes SHA-256 in software
+# (about 10k instructions per fingerprint that SHA-NI does in a few hundred), so keyed rows carry
+# that much more than the machine runs. A miss's count moves by a few hundred between runs (the
+# store's table grows at different moments); repeat it. Under valgrind the embedded store's
+# writer and journal see a few requests per batch instead of dozens, so their share per miss is
+# overstated; compare embedded builds with each other only. Ports 18110-18111, 127.0.0.1 only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
+
+[[ $# -ge 4 ]] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
+STORE="$1" SCENARIO="$2" SECS="$3"
+shift 3
+case "$STORE" in memory | embedded) ;; *) echo "instructions: store must be memory or embedded" >&2; exit 64 ;; esac
+case "$SCENARIO" in passthrough | miss | replay) ;; *) echo "instructions: unknown scenario $SCENARIO" >&2; exit 64 ;; esac
+for bin in "$@"; do [[ -x "$bin" ]] || { echo "instructions: $bin is not an executable" >&2; exit 64; }; done
+UP_PORT=18110 GW_PORT=18111
+rig_start instructions "$UP_PORT" valgrind callgrind_control
+
+for bin in "$@"; do
+  dir="$WORK/gw-$RANDOM"
+  mkdir -p "$dir"
+  gw_yaml "$GW_PORT" "$UP_PORT" "$(local_store_block "$STORE" "$dir")" >"$dir/idemgate.yaml"
+  IDEMGATE_LOG=warn taskset -c 1 valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" \
+    "$bin" serve --config "$dir/idemgate.yaml" >"$dir/log" 2>&1 &
+  gw=$!
+  PIDS+=("$gw")
+  rig_wait "$GW_PORT" 120  # valgrind starts it slowly
+  prefix="i$RANDOM"
+  if [[ "$SCENARIO" == replay ]]; then
+    rig_prime "$GW_PORT"
+    prefix=rpool
+  fi
+  rig_wrk 4 2 "w$prefix" >/dev/null
+  callgrind_control -z "$gw" >/dev/null 2>&1
+  line="$(rig_wrk 4 "$SECS" "$prefix")"
+  callgrind_control -d "$gw" >/dev/null 2>&1
+  requests="$(kv "$line" requests)" errors="$(kv "$line" errors)"
+  [[ -n "$requests" && "$requests" -gt 0 ]] || { echo "instructions: no result from wrk for $bin" >&2; exit 1; }
+  [[ "$errors" == 0 ]] || { echo "instructions: $bin: $line" >&2; exit 1; }
+  total=0
+  for dump in "$dir"/cg.out.*; do
+    total=$((total + $(awk '/^totals:/ {print $2}' "$dump")))
+  done
+  printf '%s %s %s requests=%s instructions_per_request=%s\n' "$bin" "$STORE" "$SCENARIO" "$requests" \
+    "$((total / requests))"
+  kill "$gw"
+  wait "$gw" 2>/dev/null || true
+done
