@@ -58,10 +58,21 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
     // One pass over the names (compared, not hashed) finds the few present; most messages carry
     // none, or only `Connection: keep-alive`. Removing just those hashes once per present name.
     let is_hop = |n: &HeaderName| HOP_BY_HOP.contains(n) || HOP_BY_HOP_EXTRA.contains(&n.as_str());
-    let mut present: Vec<HeaderName> = h.keys().filter(|n| is_hop(n)).cloned().collect();
-    if present.is_empty() {
+    // Most upstream responses carry exactly one, `Connection: keep-alive`, which names no other
+    // header: removed without collecting names or splitting the value.
+    let only_connection = {
+        let mut hops = h.keys().filter(|n| is_hop(n));
+        match (hops.next(), hops.next()) {
+            (None, _) => return,
+            (Some(n), None) => *n == header::CONNECTION,
+            _ => false,
+        }
+    };
+    if only_connection && h.get_all(header::CONNECTION).iter().all(names_no_header) {
+        h.remove(header::CONNECTION);
         return;
     }
+    let mut present: Vec<HeaderName> = h.keys().filter(|n| is_hop(n)).cloned().collect();
     // Headers named in Connection are hop-by-hop too (`close` and `keep-alive` are the usual
     // tokens: the first names no header, the second is removed anyway).
     for token in h
@@ -79,6 +90,12 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
     for name in present {
         h.remove(name);
     }
+}
+
+/// A `Connection` value that is only `keep-alive` or `close`: it names no header to remove.
+fn names_no_header(v: &HeaderValue) -> bool {
+    let token = v.as_bytes().trim_ascii();
+    token.eq_ignore_ascii_case(b"keep-alive") || token.eq_ignore_ascii_case(b"close")
 }
 
 pub(super) fn upstream_uri(base: &Uri, incoming: &Uri) -> Result<Uri, ()> {
@@ -112,4 +129,52 @@ pub(super) fn forwarded_for(ip: std::net::IpAddr) -> HeaderValue {
             value
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stripped(pairs: &[(&'static str, &'static str)]) -> Vec<String> {
+        let mut h = HeaderMap::new();
+        for (name, value) in pairs {
+            h.append(*name, HeaderValue::from_static(value));
+        }
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<String> = h.keys().map(|n| n.as_str().to_owned()).collect();
+        left.sort();
+        left
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_the_ones_connection_names_are_stripped() {
+        let kept = ("content-type", "application/json");
+        assert_eq!(stripped(&[kept]), ["content-type"]);
+        assert_eq!(stripped(&[kept, ("connection", "keep-alive")]), ["content-type"]);
+        assert_eq!(stripped(&[kept, ("connection", " Close ")]), ["content-type"]);
+        assert_eq!(stripped(&[kept, ("keep-alive", "timeout=5")]), ["content-type"]);
+        assert_eq!(
+            stripped(&[kept, ("connection", "keep-alive, x-private"), ("x-private", "1")]),
+            ["content-type"]
+        );
+        assert_eq!(
+            stripped(&[
+                ("connection", "keep-alive"),
+                ("connection", "x-private"),
+                ("x-private", "1"),
+                kept
+            ]),
+            ["content-type"],
+            "a second Connection line names a header"
+        );
+        assert_eq!(
+            stripped(&[
+                ("connection", "x-private"),
+                ("x-private", "1"),
+                ("te", "trailers"),
+                kept
+            ]),
+            ["content-type"]
+        );
+    }
 }
