@@ -69,8 +69,11 @@ impl Default for Leads {
 
 impl Leads {
     fn shard(&self, hash: u64) -> MutexGuard<'_, HashTable<Held>> {
+        // Bits 52..57: hashbrown picks a bucket from the low bits and a control byte from the top
+        // seven, and a shard taken from either would leave its keys sharing those bits (as the
+        // memory store explains for its own shards).
         #[allow(clippy::cast_possible_truncation)] // masked to 0..SHARDS
-        let i = (hash >> 57) as usize % SHARDS;
+        let i = (hash >> 52) as usize & (SHARDS - 1);
         self.shards[i].lock().unwrap_or_else(PoisonError::into_inner)
     }
 
