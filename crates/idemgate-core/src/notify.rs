@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::Notify;
 
@@ -87,6 +87,14 @@ impl Notifier {
         self.watching.load(Ordering::SeqCst) == 0
     }
 
+    /// The locked shard of `key` for a wake-up, or `None` when nobody watches any key.
+    fn wake_shard(&self, key: &str) -> Option<MutexGuard<'_, HashMap<Box<str>, Entry>>> {
+        if self.nobody_watches() {
+            return None;
+        }
+        Some(self.shard(key).lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
     fn shard(&self, key: &str) -> &Shard {
         let i = usize::try_from(self.hasher.hash_one(key)).unwrap_or(0) % SHARDS;
         &self.shards[i]
@@ -136,10 +144,9 @@ impl Notifier {
     /// Wakes the key's waiters with the outcome `handoff` builds (only built if someone waits).
     /// Call it only once the outcome is recorded in the store.
     pub fn publish(&self, key: &str, handoff: impl FnOnce() -> Handoff) {
-        if self.nobody_watches() {
+        let Some(mut shard) = self.wake_shard(key) else {
             return;
-        }
-        let mut shard = self.shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+        };
         if let Some(entry) = shard.get_mut(key) {
             entry.published += 1;
             entry.handoff = Some(Arc::new(handoff()));
@@ -150,10 +157,9 @@ impl Notifier {
 
     /// Wakes every subscriber of `key`, those waiting on a lead included: the lead ended.
     pub fn lead_ended(&self, key: &str) {
-        if self.nobody_watches() {
+        let Some(shard) = self.wake_shard(key) else {
             return;
-        }
-        let shard = self.shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+        };
         if let Some(entry) = shard.get(key) {
             entry.notify.notify_waiters();
             entry.lead.notify_waiters();
@@ -162,10 +168,9 @@ impl Notifier {
 
     /// Wakes the current subscribers of `key` (store news; not those waiting on a lead).
     pub fn notify(&self, key: &str) {
-        if self.nobody_watches() {
+        let Some(shard) = self.wake_shard(key) else {
             return;
-        }
-        let shard = self.shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+        };
         if let Some(entry) = shard.get(key) {
             entry.notify.notify_waiters();
         }

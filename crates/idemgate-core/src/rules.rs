@@ -169,12 +169,13 @@ pub fn complete(
     retention_ms: u64,
     now: Millis,
 ) -> Result<Write, Fenced> {
+    let rec = existing.ok_or(Fenced)?;
     // A copy only for the owner's completion; the other answers need none.
-    if completes(existing, token, now)? {
-        complete_taking(existing.cloned(), token, response, retention_ms, now)
+    Ok(if completes(rec, token, now)? {
+        completed(rec.clone(), token, response, retention_ms, now)
     } else {
-        Ok(Write::Keep)
-    }
+        Write::Keep
+    })
 }
 
 /// [`complete`] on a record the caller has decoded for this call: the completed record is built
@@ -189,30 +190,40 @@ pub fn complete_taking(
     retention_ms: u64,
     now: Millis,
 ) -> Result<Write, Fenced> {
-    match existing {
-        Some(mut done) if completes(Some(&done), token, now)? => {
-            done.state = RecordState::Completed { token, response };
-            done.expires_at = now + retention_ms;
-            Ok(Write::Put(done))
-        }
-        Some(_) => Ok(Write::Keep),
-        None => Err(Fenced),
-    }
+    let rec = existing.ok_or(Fenced)?;
+    Ok(if completes(&rec, token, now)? {
+        completed(rec, token, response, retention_ms, now)
+    } else {
+        Write::Keep
+    })
 }
 
-/// Whether `token` may complete `existing` (`true`), has already completed it (`false`), or does
-/// not own it.
-fn completes(existing: Option<&Record>, token: LeaseToken, now: Millis) -> Result<bool, Fenced> {
+/// Whether `token` may complete `rec` (`true`), has already completed it (`false`), or does not
+/// own it.
+fn completes(rec: &Record, token: LeaseToken, now: Millis) -> Result<bool, Fenced> {
     // An expired record is gone (the owner lost it), whether or not a sweep has removed it yet.
-    let Some(rec) = existing.filter(|r| r.is_live(now)) else {
+    if !rec.is_live(now) {
         return Err(Fenced);
-    };
+    }
     match &rec.state {
         RecordState::InFlight { token: t, .. } if *t == token => Ok(true),
         // Retried after it took effect: already done, not a conflict.
         RecordState::Completed { token: t, .. } if *t == token => Ok(false),
         _ => Err(Fenced),
     }
+}
+
+/// The owner's in-flight record `done`, completed with `response`.
+fn completed(
+    mut done: Record,
+    token: LeaseToken,
+    response: StoredResponse,
+    retention_ms: u64,
+    now: Millis,
+) -> Write {
+    done.state = RecordState::Completed { token, response };
+    done.expires_at = now + retention_ms;
+    Write::Put(done)
 }
 
 /// Decides `release`: the owner gives the key back after a transient outcome.
