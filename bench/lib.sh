@@ -1,5 +1,6 @@
-# Shared by bench/run.sh and bench/ab.sh (sourced, not run): the static upstream's and the
-# gateway's configuration, so an A/B round measures the gateway exactly as the full report does.
+# Shared by bench/run.sh, bench/ab.sh and bench/instructions.sh (sourced, not run): the static
+# upstream's and the gateway's configuration, so the small rigs measure the gateway exactly as the
+# full report does, and the rigs' common start.
 
 # kv "RESULT a=1 b=2" b -> 2 (empty when the field is absent)
 kv() {

@@ -55,11 +55,10 @@ pub(super) fn check_framing(h: &HeaderMap) -> Result<(), Problem> {
 }
 
 pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
-    // One pass over the names (compared, not hashed) finds the few present; most messages carry
-    // none, or only `Connection: keep-alive`. Removing just those hashes once per present name.
+    // The names are compared, not hashed, and only the ones present are removed. Most messages
+    // carry none, or only `Connection: keep-alive` (nearly every upstream response), which names
+    // no other header: that one is removed without collecting names or splitting the value.
     let is_hop = |n: &HeaderName| HOP_BY_HOP.contains(n) || HOP_BY_HOP_EXTRA.contains(&n.as_str());
-    // Most upstream responses carry exactly one, `Connection: keep-alive`, which names no other
-    // header: removed without collecting names or splitting the value.
     let only_connection = {
         let mut hops = h.keys().filter(|n| is_hop(n));
         match (hops.next(), hops.next()) {
@@ -68,20 +67,23 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
             _ => false,
         }
     };
-    if only_connection && h.get_all(header::CONNECTION).iter().all(names_no_header) {
+    if only_connection
+        && h.get_all(header::CONNECTION)
+            .iter()
+            .all(|v| names_no_header(v.as_bytes()))
+    {
         h.remove(header::CONNECTION);
         return;
     }
     let mut present: Vec<HeaderName> = h.keys().filter(|n| is_hop(n)).cloned().collect();
-    // Headers named in Connection are hop-by-hop too (`close` and `keep-alive` are the usual
-    // tokens: the first names no header, the second is removed anyway).
+    // Headers named in Connection are hop-by-hop too.
     for token in h
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .map(str::trim)
-        .filter(|t| !t.eq_ignore_ascii_case("close") && !t.eq_ignore_ascii_case("keep-alive"))
+        .filter(|t| !names_no_header(t.as_bytes()))
     {
         if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
             present.push(name);
@@ -92,9 +94,10 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
     }
 }
 
-/// A `Connection` value that is only `keep-alive` or `close`: it names no header to remove.
-fn names_no_header(v: &HeaderValue) -> bool {
-    let token = v.as_bytes().trim_ascii();
+/// `keep-alive` and `close`, the usual `Connection` tokens, name no header to remove (and a
+/// `Keep-Alive` header is removed anyway).
+fn names_no_header(token: &[u8]) -> bool {
+    let token = token.trim_ascii();
     token.eq_ignore_ascii_case(b"keep-alive") || token.eq_ignore_ascii_case(b"close")
 }
 
