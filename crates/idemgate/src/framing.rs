@@ -5,8 +5,8 @@
 //! the length and lets chunked win, and it folds repeated identical lengths into one. A gateway
 //! in front of other proxies must not be lenient there: two hops that pick different framings
 //! are how requests get smuggled. hyper also hides what it dropped, so [`Sniffer`] wraps the
-//! connection and parses each request head itself (with `httparse`, hyper's own parser) as the
-//! bytes go by, following body framing so it stays in step across keep-alive requests. For
+//! connection and reads the framing headers of each request head itself as the bytes go by
+//! (see [`judge`]), following body framing so it stays in step across keep-alive requests. For
 //! every head it queues a [`Verdict`]; the service takes one per request, in order, and refuses
 //! a bad one with 400 and `Connection: close` before anything is forwarded.
 //!
@@ -116,10 +116,9 @@ fn step(state: State, data: &[u8], verdicts: &Verdicts) -> (State, usize) {
                 // The usual case: the whole head came in this read. Judge it where it lies
                 // instead of copying it into the buffer first.
                 let skip = data.iter().take_while(|b| **b == b'\r' || **b == b'\n').count();
-                if let Some(end) = head_end(data, skip) {
-                    let (verdict, next) = judge(&data[skip..end]);
+                if let Some((verdict, next, len)) = judge(&data[skip..]) {
                     verdicts.push(verdict);
-                    return (if verdict.is_some() { State::Off } else { next }, end);
+                    return (if verdict.is_some() { State::Off } else { next }, skip + len);
                 }
             }
             let start = head.len().saturating_sub(2);
@@ -134,7 +133,10 @@ fn step(state: State, data: &[u8], verdicts: &Verdicts) -> (State, usize) {
                 };
             };
             let used = data.len() - (head.len() - end);
-            let (verdict, next) = judge(&head[skip..end]);
+            // `head_end` found the empty line judge stops at, so this is never `None`.
+            let Some((verdict, next, _)) = judge(&head[skip..end]) else {
+                return (State::Off, data.len());
+            };
             verdicts.push(verdict);
             (if verdict.is_some() { State::Off } else { next }, used)
         }
@@ -215,35 +217,72 @@ fn step(state: State, data: &[u8], verdicts: &Verdicts) -> (State, usize) {
     }
 }
 
-/// Judges one complete head; on success also says how its body is framed.
-fn judge(head: &[u8]) -> (Verdict, State) {
-    // A bare LF as a line end: some servers accept it, some do not.
-    if memchr::memchr_iter(b'\n', head).any(|i| i == 0 || head[i - 1] != b'\r') {
-        return (Some("bare LF line ending"), State::Off);
-    }
-    // Uninitialized slots: an initialized array of 128 headers is a 4 KiB memset per request.
-    let mut headers = [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; 128];
-    let mut req = httparse::Request::new(&mut []);
-    if !matches!(
-        req.parse_with_uninit_headers(head, &mut headers),
-        Ok(httparse::Status::Complete(_))
-    ) {
-        // hyper refuses it too; say so in case it does not.
-        return (Some("malformed request head"), State::Off);
-    }
+/// Judges the head at the start of `buf` (request line, header lines, an empty line): its
+/// verdict, how its body is framed, and its length up to and including the empty line. `None`
+/// when `buf` holds no complete head. Nothing after the empty line is read, so the verdict does
+/// not depend on how the bytes were split across reads.
+///
+/// Only the framing headers are read, line by line, instead of parsing every header: the whole
+/// head is hyper's to parse, and a head hyper refuses never reaches the service, so the sniffer
+/// needs to agree with hyper only on heads hyper accepts (a test checks it against `httparse`,
+/// hyper's parser). What it refuses on its own are the shapes two parsers disagree on: any bare
+/// LF, a folded line, and whitespace between a framing header's name and its colon
+/// (`Transfer-Encoding : chunked`, a classic smuggling probe).
+fn judge(buf: &[u8]) -> Option<(Verdict, State, usize)> {
     let (mut lengths, mut length) = (0usize, None);
     let mut te = None;
-    for h in req.headers.iter() {
-        if h.name.eq_ignore_ascii_case("content-length") {
-            lengths += 1;
-            length = Some(h.value);
-        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            if te.is_some() {
-                return (Some("several Transfer-Encoding headers"), State::Off);
+    let (mut bare_lf, mut malformed, mut several_te) = (false, false, false);
+    let mut line_start = 0;
+    for nl in memchr::memchr_iter(b'\n', buf) {
+        let cr = nl > 0 && buf[nl - 1] == b'\r';
+        // A bare LF as a line end: some servers accept it, some do not.
+        bare_lf |= !cr;
+        let line = &buf[line_start..nl - usize::from(cr)];
+        let first = line_start == 0;
+        line_start = nl + 1;
+        let Some(&lead) = line.first() else {
+            let refused = if bare_lf {
+                Some("bare LF line ending")
+            } else if malformed {
+                Some("malformed request head")
+            } else if several_te {
+                Some("several Transfer-Encoding headers")
+            } else {
+                None
+            };
+            let (verdict, next) = match refused {
+                Some(why) => (Some(why), State::Off),
+                None => framed(lengths, length, te),
+            };
+            return Some((verdict, next, line_start));
+        };
+        if first {
+            continue; // the request line
+        }
+        let framing = match lead {
+            b' ' | b'\t' => Framing::Malformed,
+            b'c' | b'C' => framing_value(line, b"content-length"),
+            b't' | b'T' => framing_value(line, b"transfer-encoding"),
+            _ => Framing::Other,
+        };
+        match framing {
+            Framing::Other => {}
+            Framing::Malformed => malformed = true,
+            Framing::Value(v) if lead.eq_ignore_ascii_case(&b'c') => {
+                lengths += 1;
+                length = Some(v);
             }
-            te = Some(h.value);
+            Framing::Value(v) => {
+                several_te |= te.is_some();
+                te = Some(v);
+            }
         }
     }
+    None
+}
+
+/// The verdict on a head's framing headers, and how its body is framed.
+fn framed(lengths: usize, length: Option<&[u8]>, te: Option<&[u8]>) -> (Verdict, State) {
     match (lengths, te) {
         (0, None) => (None, State::Head(Vec::new())),
         (1.., Some(_)) => (Some("both Content-Length and Transfer-Encoding"), State::Off),
@@ -258,6 +297,40 @@ fn judge(head: &[u8]) -> (Verdict, State) {
         },
         (0, Some(te)) if te.eq_ignore_ascii_case(b"chunked") => (None, State::ChunkSize(Vec::new())),
         (0, Some(_)) => (Some("unsupported Transfer-Encoding"), State::Off),
+    }
+}
+
+/// What a header line says about framing.
+enum Framing<'a> {
+    /// Another header.
+    Other,
+    /// The framing header `name`, with its value trimmed of spaces and tabs.
+    Value(&'a [u8]),
+    /// `name` followed by whitespace before its colon.
+    Malformed,
+}
+
+/// Reads `line` (no CRLF) as the header `name` (lowercase), compared without case.
+fn framing_value<'a>(line: &'a [u8], name: &[u8]) -> Framing<'a> {
+    let Some((head, rest)) = line.split_at_checked(name.len()) else {
+        return Framing::Other;
+    };
+    if !head.eq_ignore_ascii_case(name) {
+        return Framing::Other;
+    }
+    let blank = |b: &u8| *b == b' ' || *b == b'\t';
+    match rest.first() {
+        Some(b':') => {
+            let v = &rest[1..];
+            let from = v.iter().position(|b| !blank(b)).unwrap_or(v.len());
+            let to = v.iter().rposition(|b| !blank(b)).map_or(from, |i| i + 1);
+            Framing::Value(&v[from..to])
+        }
+        Some(b) if blank(b) => match rest.iter().find(|b| !blank(b)) {
+            Some(b':') => Framing::Malformed,
+            _ => Framing::Other,
+        },
+        _ => Framing::Other,
     }
 }
 
@@ -349,6 +422,87 @@ POST /d HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r
         }
     }
 
+    /// The framing the sniffer read before it read only the framing headers: every header
+    /// parsed with `httparse`, as hyper parses them.
+    fn judged_by_httparse(head: &[u8]) -> Option<(Verdict, State)> {
+        if memchr::memchr_iter(b'\n', head).any(|i| i == 0 || head[i - 1] != b'\r') {
+            return Some((Some("bare LF line ending"), State::Off));
+        }
+        let mut headers = [httparse::EMPTY_HEADER; 64];
+        let mut req = httparse::Request::new(&mut headers);
+        if !matches!(req.parse(head), Ok(httparse::Status::Complete(_))) {
+            return None; // hyper refuses it: the service never sees it
+        }
+        let (mut lengths, mut length, mut tes) = (0usize, None, Vec::new());
+        for h in req.headers.iter() {
+            if h.name.eq_ignore_ascii_case("content-length") {
+                lengths += 1;
+                length = Some(h.value);
+            } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+                tes.push(h.value);
+            }
+        }
+        Some(match (lengths, tes.as_slice()) {
+            (_, [_, _, ..]) => (Some("several Transfer-Encoding headers"), State::Off),
+            (0, []) => (None, State::Head(Vec::new())),
+            (1.., [_]) => (Some("both Content-Length and Transfer-Encoding"), State::Off),
+            (2.., []) => (Some("several Content-Length headers"), State::Off),
+            (_, []) => match length
+                .and_then(|len| std::str::from_utf8(len).ok())
+                .and_then(|s| s.trim().parse::<u64>().ok())
+            {
+                Some(0) => (None, State::Head(Vec::new())),
+                Some(n) => (None, State::Body(n)),
+                None => (Some("invalid Content-Length"), State::Off),
+            },
+            (0, [te]) if te.eq_ignore_ascii_case(b"chunked") => (None, State::ChunkSize(Vec::new())),
+            (0, [_]) => (Some("unsupported Transfer-Encoding"), State::Off),
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4000))]
+
+        /// On every head hyper's parser accepts, the sniffer reads the framing hyper's parser
+        /// reads: names in any case, values with spaces and tabs around them, look-alike names,
+        /// repeated and conflicting headers.
+        #[test]
+        fn reads_the_framing_httparse_reads(
+            lines in proptest::collection::vec(
+                (
+                    proptest::sample::select(vec![
+                        "Content-Length", "content-length", "CONTENT-length", "Transfer-Encoding",
+                        "transfer-encoding", "TRANSFER-ENCODING", "Content-Length-X", "Content-Lengthx",
+                        "X-Content-Length", "Transfer-Encodings", "Host", "Content-Type", "T", "C", " Host",
+                    ]),
+                    proptest::sample::select(vec![":", ": ", ":\t", " :", "\t:", ":   ", ""]),
+                    proptest::sample::select(vec![
+                        "0", "5", " 12 ", "12\t", "chunked", "Chunked", " chunked ", "gzip",
+                        "chunked, gzip", "+5", "-1", "abc", "", "18446744073709551616", "a\tb",
+                    ]),
+                ),
+                0..6,
+            ),
+        ) {
+            let mut head = b"POST /x HTTP/1.1\r\n".to_vec();
+            for (name, sep, value) in &lines {
+                head.extend_from_slice(format!("{name}{sep}{value}\r\n").as_bytes());
+            }
+            head.extend_from_slice(b"\r\n");
+            let bytes: Vec<&[u8]> = head.chunks(1).collect();
+            proptest::prop_assert_eq!(verdicts_for(&bytes), verdicts_for(&[&head]), "split byte by byte");
+            if let Some(expected) = judged_by_httparse(&head) {
+                let (verdict, state, len) = judge(&head).expect("a complete head");
+                proptest::prop_assert_eq!(len, head.len());
+                proptest::prop_assert_eq!(
+                    (verdict, format!("{state:?}")),
+                    (expected.0, format!("{:?}", expected.1)),
+                    "{}", String::from_utf8_lossy(&head)
+                );
+            }
+        }
+    }
+
     #[test]
     fn refuses_ambiguous_heads() {
         for (head, why) in [
@@ -376,6 +530,14 @@ POST /d HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r
             (
                 b"POST / HTTP/1.1\r\nX-A: 1\r\n folded\r\n\r\n",
                 "malformed request head",
+            ),
+            (
+                b"POST / HTTP/1.1\r\nTransfer-Encoding\t: chunked\r\n\r\n",
+                "malformed request head",
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: x\r\ntransfer-encoding: chunked\r\nTRANSFER-ENCODING: chunked\r\n\r\n",
+                "several Transfer-Encoding headers",
             ),
         ] {
             assert_eq!(
