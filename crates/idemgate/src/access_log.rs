@@ -8,7 +8,8 @@ use std::time::Instant;
 pub struct AccessLog {
     pub started: Instant,
     pub method: http::Method,
-    pub endpoint: String,
+    /// The route's id, once a route matched.
+    pub endpoint: Option<std::sync::Arc<str>>,
     pub policy: &'static str,
     /// `A` (caller's header), or `none` when the request was not deduplicated.
     pub case: &'static str,
@@ -41,7 +42,7 @@ impl AccessLog {
             started: Instant::now(),
             // A clone of a standard method allocates nothing; `to_owned` of its name did, per request.
             method: method.clone(),
-            endpoint: String::new(),
+            endpoint: None,
             policy: "",
             case: "none",
             source: "none",
@@ -89,7 +90,7 @@ impl AccessLog {
         tracing::info!(
             target: "idemgate::access",
             method = %self.method,
-            endpoint = %self.endpoint,
+            endpoint = self.endpoint.as_deref().unwrap_or(""),
             idempotency_policy = self.policy,
             idempotency_case = self.case,
             idempotency_source = self.source,

@@ -289,7 +289,7 @@ fn routes(gw: &Gateway) -> Value {
         .iter()
         .map(|r| {
             json!({
-                "id": r.id,
+                "id": &*r.id,
                 "methods": r.methods.to_string(),
                 "path": r.path.to_string(),
                 "upstream": r.upstream.name,

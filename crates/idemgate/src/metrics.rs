@@ -9,7 +9,7 @@
 //! tenant and project labels are left out, to bound cardinality.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -122,8 +122,11 @@ pub struct Metrics {
     /// `store_seconds` for `begin` and `complete`, the two calls of every miss.
     store_hot: [OnceLock<Histogram>; 2],
     upstream_seconds: Family<EndpointLabels, Histogram>,
-    /// Keyed by route id; the key doubles as the `endpoint` label value.
-    routes: HashMap<Arc<str>, PerRoute>,
+    /// By route id, in configuration order; the id doubles as the `endpoint` label value. A
+    /// list, not a map: a request's id is the configuration's own `Arc`, so finding it is a
+    /// pointer comparison per route, cheaper than hashing the id (and route lookup itself scans
+    /// the routes the same way).
+    routes: Vec<(Arc<str>, PerRoute)>,
     /// Registered family names (for the dashboard test).
     names: Vec<&'static str>,
 }
@@ -144,7 +147,7 @@ fn latency() -> Histogram {
 impl Metrics {
     /// Metrics for the given route ids.
     #[must_use]
-    pub fn new<'a>(routes: impl IntoIterator<Item = &'a str>, tenant_labels: bool) -> Self {
+    pub fn new(routes: impl IntoIterator<Item = Arc<str>>, tenant_labels: bool) -> Self {
         let mut registry = Registry::default();
         let mut names = Vec::new();
         let mut counter = |name: &'static str, help: &str| {
@@ -215,10 +218,7 @@ impl Metrics {
             store_seconds,
             store_hot: Default::default(),
             upstream_seconds,
-            routes: routes
-                .into_iter()
-                .map(|r| (Arc::from(r), PerRoute::default()))
-                .collect(),
+            routes: routes.into_iter().map(|r| (r, PerRoute::default())).collect(),
             names,
         }
     }
@@ -238,12 +238,12 @@ impl Metrics {
         }
     }
 
-    /// A route's `endpoint` label (shared with the route table, not allocated) and its counters.
-    fn route(&self, id: &str) -> (Arc<str>, Option<&PerRoute>) {
-        match self.routes.get_key_value(id) {
-            Some((name, route)) => (name.clone(), Some(route)),
-            None => (Arc::from(id), None),
-        }
+    /// A route's counters, found by its id (the configuration's `Arc`, or an equal id).
+    fn route(&self, id: &Arc<str>) -> Option<&PerRoute> {
+        self.routes
+            .iter()
+            .find(|(name, _)| Arc::ptr_eq(name, id) || **name == **id)
+            .map(|(_, route)| route)
     }
 
     /// A route's cached handles, when this request's label sets are the route's caller-free
@@ -255,10 +255,10 @@ impl Metrics {
 
     /// Records one finished request.
     pub fn observe(&self, log: &AccessLog, status: u16) {
-        if log.endpoint.is_empty() {
+        let Some(endpoint) = &log.endpoint else {
             return; // no route: nothing per endpoint to count
-        }
-        let (endpoint, route) = self.route(&log.endpoint);
+        };
+        let route = self.route(endpoint);
         let hot = self.hot(route, log);
         let bump = |field: fn(&RouteStats) -> &AtomicU64| {
             if let Some(r) = route {
@@ -267,7 +267,7 @@ impl Metrics {
         };
         bump(|s| &s.requests);
         let series = |family: &Counters, extra: Option<(&'static str, Cow<'static, str>)>| {
-            family.get_or_create(&self.labels(log, &endpoint, extra)).clone()
+            family.get_or_create(&self.labels(log, endpoint, extra)).clone()
         };
         let inc = |family: &Counters, extra: Option<(&'static str, Cow<'static, str>)>| {
             series(family, extra).inc();
@@ -345,11 +345,13 @@ impl Metrics {
     }
 
     /// Records an upstream call's latency.
-    pub fn upstream_latency(&self, endpoint: &str, seconds: f64) {
-        let (endpoint, route) = self.route(endpoint);
+    pub fn upstream_latency(&self, endpoint: &Arc<str>, seconds: f64) {
+        let route = self.route(endpoint);
         let series = || {
             self.upstream_seconds
-                .get_or_create(&EndpointLabels { endpoint })
+                .get_or_create(&EndpointLabels {
+                    endpoint: endpoint.clone(),
+                })
                 .clone()
         };
         match route {
@@ -432,10 +434,10 @@ mod tests {
     #[test]
     fn cached_series_and_family_series_are_the_same() {
         for tenant_labels in [false, true] {
-            let metrics = Metrics::new(["r"], tenant_labels);
+            let metrics = Metrics::new(["r".into()], tenant_labels);
             let request = |tenant: &str, outcome: &'static str, status: u16| {
                 let mut log = AccessLog::new(&http::Method::POST);
-                log.endpoint = "r".into();
+                log.endpoint = Some("r".into());
                 log.case = "A";
                 log.tenant = tenant.into();
                 log.outcome = outcome;
@@ -451,7 +453,7 @@ mod tests {
             // Keyless requests: the cached handle takes the first class, the family the rest.
             let keyless = |tenant: &str, class: &'static str| {
                 let mut log = AccessLog::new(&http::Method::POST);
-                log.endpoint = "r".into();
+                log.endpoint = Some("r".into());
                 log.tenant = tenant.into();
                 log.policy = class;
                 log.key_missing = true;
@@ -464,7 +466,7 @@ mod tests {
             metrics.store_latency("begin", 0.001);
             metrics.store_latency("begin", 0.001);
             metrics.store_latency("release", 0.001);
-            metrics.upstream_latency("r", 0.002);
+            metrics.upstream_latency(&"r".into(), 0.002);
             let text = metrics.render();
             let mut expected = vec![
                 "idempotency_store_duration_seconds_count{op=\"begin\"} 2",
@@ -502,7 +504,7 @@ mod tests {
     /// Every metric the shipped dashboard and alert rules query is one the gateway exports.
     #[test]
     fn dashboard_and_alerts_use_only_exported_metrics() {
-        let metrics = Metrics::new(["r"], true);
+        let metrics = Metrics::new(["r".into()], true);
         let exported = metrics.family_names();
         let docs = [
             include_str!("../../../docs/grafana/idemgate-dashboard.json"),

@@ -22,7 +22,7 @@ pub fn document(config: &Config) -> Value {
             if item.get(&name).is_none() {
                 // operationIds must be unique: a route answering several methods gets one each.
                 let id = if route.methods.0.len() == 1 {
-                    route.id.clone()
+                    route.id.to_string()
                 } else {
                     format!("{}-{name}", route.id)
                 };

@@ -115,7 +115,9 @@ pub struct Upstream {
 /// One resolved route: where it goes and the idempotency rules that apply to it.
 #[derive(Debug)]
 pub struct Route {
-    pub id: String,
+    /// Shared with the metrics' table and each request's access line, so naming a request's
+    /// route costs a reference count, not a copy.
+    pub id: Arc<str>,
     pub methods: Methods,
     pub path: PathTemplate,
     pub upstream: Arc<Upstream>,

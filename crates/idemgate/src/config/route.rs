@@ -136,7 +136,7 @@ pub(super) fn resolve_route(
         _ => OnStoreError::FailClosed,
     });
     Ok(Route {
-        id: rf.id.clone(),
+        id: rf.id.as_str().into(),
         methods,
         path,
         upstream,

@@ -54,7 +54,7 @@ fn minimal_config_resolves_with_overrides_and_defaults() {
     assert_eq!(c.store.kind, StoreKind::Memory);
     assert_eq!(c.store.max_bytes, 1024 * 1024);
     let refund = c.routes.find(&Method::POST, "/api/v1/orders/7/refunds").unwrap();
-    assert_eq!(refund.id, "refund");
+    assert_eq!(&*refund.id, "refund");
     assert_eq!(refund.engine.retention, Duration::from_secs(30 * 86400));
     assert_eq!(refund.engine.on_lease_expiry, LeaseExpiry::Fail);
     assert_eq!(refund.engine.concurrent, Concurrency::Reject);

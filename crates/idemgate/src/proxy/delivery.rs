@@ -36,10 +36,6 @@ impl Gateway {
         let body = self.read_body(body).await?;
         // Before admitting, so that a refusal is logged and counted under its provider.
         log.case = "B";
-        log.source = route
-            .provider
-            .map_or("none", crate::config::webhooks::Provider::as_str);
-        // Set before admitting, so a refused delivery is still counted under its provider.
         log.source = route.provider.map_or("webhook", |p| p.as_str());
         let admitted = webhooks.admit(&route, &webhook_id, &parts, &body)?;
         log.set_principal(Some(&admitted.principal));

@@ -67,7 +67,7 @@ impl Gateway {
     pub fn new(config: Config, store: AnyStore) -> Self {
         let client = Upstreams::new(Duration::from_secs(5), Duration::from_secs(60));
         let metrics = Arc::new(Metrics::new(
-            config.routes.iter().map(|r| r.id.as_str()),
+            config.routes.iter().map(|r| r.id.clone()),
             config.metrics.tenant_labels,
         ));
         // One tracker for executions and for store calls finishing after their client left
@@ -151,7 +151,7 @@ impl Gateway {
         if req.method() == http::Method::GET
             && let Some((route, raw, output)) = self.recovery_target(req.uri().path())
         {
-            log.endpoint.clone_from(&route.id);
+            log.endpoint = Some(route.id.clone());
             log.policy = "recovery";
             return Box::pin(self.recover(&route, &req, peer, &raw, output, log)).await;
         }
@@ -161,7 +161,7 @@ impl Gateway {
                 "no route matches this method and path",
             ));
         };
-        log.endpoint.clone_from(&route.id);
+        log.endpoint = Some(route.id.clone());
         log.policy = policy_name(route.policy);
         if route.policy == PolicyKind::Webhook {
             return Box::pin(self.webhook(route, req, peer, log)).await;

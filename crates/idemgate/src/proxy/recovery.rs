@@ -119,7 +119,7 @@ impl Gateway {
         })?;
         let not_found = || Problem::new(Kind::NotFound, "no outcome is recorded for this key");
         match found {
-            Lookup::Completed(record) if record.route == route.id => {
+            Lookup::Completed(record) if *record.route == *route.id => {
                 let RecordState::Completed { response, .. } = record.state else {
                     return Err(not_found());
                 };
@@ -141,7 +141,7 @@ impl Gateway {
             Lookup::InFlight {
                 operation_id,
                 route: r,
-            } if r == route.id => {
+            } if *r == *route.id => {
                 log.outcome = "processing";
                 let body = serde_json::json!({"status": "processing", "operation_id": operation_id});
                 let mut resp = Response::new(full(Bytes::from(body.to_string())));

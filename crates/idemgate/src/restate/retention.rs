@@ -63,7 +63,7 @@ fn wanted(gateway: &Gateway) -> Vec<Want> {
             );
             want.retention = want.retention.max(route.engine.retention);
         }
-        want.routes.push(route.id.clone());
+        want.routes.push(route.id.to_string());
     }
     by_service.into_values().collect()
 }
