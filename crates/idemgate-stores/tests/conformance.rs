@@ -240,6 +240,30 @@ mod redis {
         assert!(matches!(mismatch, Begin::Mismatch { .. }), "{mismatch:?}");
     }
 
+    /// A reply slower than redis-rs's own default bound (500 ms) but within the configured
+    /// timeout is waited for: one attempt, answered (the client's default once failed every
+    /// such attempt at 500 ms and retried it until the deadline).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_slow_reply_within_the_timeout_is_waited_for() {
+        let Some(server) = own_server().await else {
+            return;
+        };
+        let store = on(&server.url(), Duration::from_secs(5));
+        store.ping().await.unwrap();
+        server.command(&["CLIENT", "PAUSE", "900", "ALL"]).await;
+        let (started, before) = (Instant::now(), store.round_trips());
+        let r = store
+            .begin(&key("slow"), &req(LeaseToken::random(), now_millis()))
+            .await;
+        assert!(matches!(r, Ok(Begin::Acquired { .. })), "{r:?}");
+        assert!(
+            started.elapsed() >= Duration::from_millis(700),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(store.round_trips() - before, 1, "one attempt");
+    }
+
     /// `CLIENT PAUSE` longer than the timeout: calls end in `Timeout` at the bound.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_paused_server_gives_bounded_timeouts() {

@@ -230,7 +230,12 @@ impl RedisStore {
                     // backoff (up to 200 ms plus jitter) and every call issued just after the
                     // store came back waited on that sleep past the store timeout (503s for
                     // half a second after each heal, found by tests/checker.rs).
-                    .set_number_of_retries(0);
+                    .set_number_of_retries(0)
+                    // The same deadline bounds every command. redis-rs's own default (500 ms
+                    // per command) cut every call short of a longer configured `timeout` (each
+                    // attempt failed at 500 ms and was retried until the deadline), and armed a
+                    // second timer beside ours on every command.
+                    .set_response_timeout(None);
                 ConnectionManager::new_with_config(self.client.clone(), config).await
             })
             .await
