@@ -278,7 +278,9 @@ impl Gateway {
             Ok(s) => s,
             Err(e) => {
                 store_failed(&route, &e, log)?;
-                return self.forward(&route, parts, body, peer, principal.as_ref()).await;
+                // Boxed, as every rare branch here: `dedup`'s future is as large as its largest
+                // await, and each miss moves it (see `Gateway::route`).
+                return Box::pin(self.forward(&route, parts, body, peer, principal.as_ref())).await;
             }
         };
         match started {
@@ -312,7 +314,10 @@ impl Gateway {
                 log.cache_hit = true;
                 log.outcome = "replayed";
                 log.set_operation_id(&operation_id);
-                let status = self.probe_status(&route, response.body.as_deref()).await;
+                let status = match route.status {
+                    Some(_) => Box::pin(self.probe_status(&route, response.body.as_deref())).await,
+                    None => None,
+                };
                 let mut resp = replay(&route, response, &operation_id, expires_at);
                 if let Some(st) = status {
                     resp.headers_mut().insert(IDEMPOTENCY_STATUS, st);
@@ -478,8 +483,9 @@ impl Gateway {
         let Some(identity) = &self.config.identity else {
             return Ok(None);
         };
-        identity
-            .resolve(headers, peer.ip())
+        // Boxed: resolving may fetch a JWKS, a large future that would otherwise set the size
+        // of every request's future, identified or not (hyper moves that future per request).
+        Box::pin(identity.resolve(headers, peer.ip()))
             .await
             .map_err(|r| Problem::new(Kind::Unauthenticated, r.0))
     }
