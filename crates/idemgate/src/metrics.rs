@@ -238,11 +238,13 @@ impl Metrics {
         }
     }
 
-    /// A route's counters, found by its id (the configuration's `Arc`, or an equal id).
+    /// A route's counters, found by its id: the configuration's `Arc` (a pointer comparison
+    /// per route), else an equal id.
     fn route(&self, id: &Arc<str>) -> Option<&PerRoute> {
-        self.routes
-            .iter()
-            .find(|(name, _)| Arc::ptr_eq(name, id) || **name == **id)
+        let routes = || self.routes.iter();
+        routes()
+            .find(|(name, _)| Arc::ptr_eq(name, id))
+            .or_else(|| routes().find(|(name, _)| **name == **id))
             .map(|(_, route)| route)
     }
 

@@ -191,23 +191,21 @@ impl RedisStore {
         let mut cursor = 0u64;
         let mut removed = 0;
         loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
+            // Each command bounded by the store's timeout: the connection has no bound of its
+            // own (see `conn`).
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000);
+            let scan = scan.query_async(&mut conn);
+            let (next, keys): (u64, Vec<String>) = tokio::time::timeout_at(self.deadline(), scan)
                 .await
+                .map_err(|_| StoreError::Timeout)?
                 .map_err(StoreError::backend)?;
             for key in keys {
-                let n: usize = self
-                    .scripts
-                    .sweep
-                    .key(&key)
-                    .arg(now)
-                    .invoke_async(&mut conn)
+                let mut one = self.scripts.sweep.key(&key);
+                one.arg(now);
+                let n: usize = tokio::time::timeout_at(self.deadline(), one.invoke_async(&mut conn))
                     .await
+                    .map_err(|_| StoreError::Timeout)?
                     .map_err(StoreError::backend)?;
                 removed += n;
             }
