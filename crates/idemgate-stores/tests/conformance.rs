@@ -283,6 +283,41 @@ mod redis {
             took >= Duration::from_millis(250) && took < Duration::from_millis(1500),
             "{took:?}"
         );
+        // The maintenance sweep is bounded the same way (the pause lasts 2 s).
+        let started = Instant::now();
+        let r = store.sweep(now_millis()).await;
+        assert!(matches!(r, Err(StoreError::Timeout)), "{r:?}");
+        assert!(
+            started.elapsed() < Duration::from_millis(1200),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    /// The maintenance sweep deletes the records expired at the given instant, and only those.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sweep_removes_expired_records_only() {
+        let Some(server) = own_server().await else {
+            return;
+        };
+        let store = on(&server.url(), Duration::from_secs(2));
+        let now = now_millis();
+        let (short, long) = (key("sweep-short"), key("sweep-long"));
+        for (k, retention) in [(&short, 1_000), (&long, 3_600_000)] {
+            let t = LeaseToken::random();
+            store.begin(k, &req(t, now)).await.unwrap();
+            store.complete(k, t, response(), retention, now).await.unwrap();
+        }
+        assert_eq!(store.sweep(now).await.unwrap(), 0, "nothing expired yet");
+        assert_eq!(store.sweep(now + 10_000).await.unwrap(), 1);
+        assert!(
+            store.get(&short, now).await.unwrap().is_none(),
+            "the expired record is gone"
+        );
+        assert!(
+            store.get(&long, now).await.unwrap().is_some(),
+            "the live one stays"
+        );
     }
 }
 

@@ -186,27 +186,28 @@ impl RedisStore {
     /// # Errors
     /// Redis failed or did not answer in time.
     pub async fn sweep(&self, now: Millis) -> Result<usize, StoreError> {
-        let pattern = format!("{}:{{*", self.prefix);
-        let mut conn = self.conn().await?;
+        let pattern = &format!("{}:{{*", self.prefix);
         let mut cursor = 0u64;
         let mut removed = 0;
         loop {
-            // Each command bounded by the store's timeout: the connection has no bound of its
-            // own (see `conn`).
-            let mut scan = redis::cmd("SCAN");
-            scan.arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000);
-            let scan = scan.query_async(&mut conn);
-            let (next, keys): (u64, Vec<String>) = tokio::time::timeout_at(self.deadline(), scan)
-                .await
-                .map_err(|_| StoreError::Timeout)?
-                .map_err(StoreError::backend)?;
-            for key in keys {
-                let mut one = self.scripts.sweep.key(&key);
-                one.arg(now);
-                let n: usize = tokio::time::timeout_at(self.deadline(), one.invoke_async(&mut conn))
-                    .await
-                    .map_err(|_| StoreError::Timeout)?
-                    .map_err(StoreError::backend)?;
+            // Through `retrying`, like every other command: bounded by the store's timeout
+            // (the connection has no bound of its own, see `conn`).
+            let (next, keys): (u64, Vec<String>) = self
+                .retrying(self.deadline(), move |mut conn| async move {
+                    let mut scan = redis::cmd("SCAN");
+                    scan.arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000);
+                    scan.query_async(&mut conn).await
+                })
+                .await?;
+            for key in &keys {
+                let script = &self.scripts.sweep;
+                let n: usize = self
+                    .retrying(self.deadline(), move |mut conn| async move {
+                        let mut invocation = script.key(key);
+                        invocation.arg(now);
+                        invocation.invoke_async(&mut conn).await
+                    })
+                    .await?;
                 removed += n;
             }
             if next == 0 {
