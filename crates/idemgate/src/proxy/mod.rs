@@ -314,7 +314,10 @@ impl Gateway {
                 log.cache_hit = true;
                 log.outcome = "replayed";
                 log.set_operation_id(&operation_id);
-                let status = self.probe_status(&route, response.body.as_deref()).await;
+                let status = match route.status {
+                    Some(_) => Box::pin(self.probe_status(&route, response.body.as_deref())).await,
+                    None => None,
+                };
                 let mut resp = replay(&route, response, &operation_id, expires_at);
                 if let Some(st) = status {
                     resp.headers_mut().insert(IDEMPOTENCY_STATUS, st);

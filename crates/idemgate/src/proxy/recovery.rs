@@ -63,9 +63,7 @@ impl Gateway {
                 _ => None,
             }
         };
-        // Boxed: the upstream call is most of this future, and unboxed it set the size of every
-        // replay's future (`dedup`), probe or not.
-        match tokio::time::timeout(Duration::from_secs(2), Box::pin(answer)).await {
+        match tokio::time::timeout(Duration::from_secs(2), answer).await {
             Ok(Some(v)) => Some(v),
             _ => {
                 tracing::warn!(endpoint = %route.id, "status probe failed; answering processing");
