@@ -28,7 +28,12 @@ pub async fn serve(gateway: Arc<Gateway>, listener: TcpListener, shutdown: impl 
     http.timer(TokioTimer::new())
         .header_read_timeout(gateway.config().header_read_timeout)
         .max_header_size(MAX_HEAD_BYTES)
-        .keep_alive(true);
+        .keep_alive(true)
+        // One flat buffer per response (the body copied behind the head) instead of a queue of
+        // buffers for `writev`: still one syscall, and 2% fewer instructions per passthrough
+        // under callgrind. The copy is of what the kernel copies again anyway; bodies larger
+        // than hyper's buffer still go out in pieces.
+        .writev(false);
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {

@@ -133,3 +133,42 @@ async fn slowloris_is_cut_off_while_normal_requests_are_served() {
     );
     assert_eq!(up.counts.total(), 1);
 }
+
+/// Responses far larger than the server's write buffer (hyper's 400 KiB), streamed from the
+/// upstream, arrive whole and in order on one kept-alive connection, and the connection serves
+/// a small request after them (the server writes through one flat buffer, see `server.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_responses_arrive_whole_on_a_kept_alive_connection() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&up, "memory", "").await;
+    let size = 3 << 20;
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let big = format!(
+        "POST /anything HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-demo-body-bytes: {size}\r\nContent-Length: 2\r\n\r\n{{}}"
+    );
+    let small = "POST /anything HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
+    // Pipelined: the second large response is queued behind the first.
+    s.write_all(format!("{big}{big}{small}").as_bytes()).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out);
+    assert_eq!(text.matches("HTTP/1.1 201").count(), 3, "three answers");
+    let pads: Vec<usize> = text
+        .split("\"pad\":\"")
+        .skip(1)
+        .map(|rest| rest.bytes().take_while(|b| *b == b'x').count())
+        .collect();
+    assert_eq!(pads.len(), 2, "two large bodies");
+    for pad in pads {
+        assert!(
+            pad > size - 100 && pad < size,
+            "a whole body: {pad} padding bytes"
+        );
+    }
+    assert!(
+        text.trim_end().ends_with('}'),
+        "the small answer is last and whole"
+    );
+    assert_eq!(up.counts.total(), 3);
+}
