@@ -25,6 +25,7 @@ pub mod config;
 pub mod demo;
 mod detach;
 pub mod framing;
+mod head_timer;
 pub mod identity;
 pub mod metrics;
 pub mod openapi;

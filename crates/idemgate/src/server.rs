@@ -11,11 +11,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
 use crate::framing::Sniffer;
+use crate::head_timer::HeadTimer;
 use crate::proxy::Gateway;
 
 /// The largest request head accepted; larger ones get 431 from hyper.
@@ -25,8 +26,7 @@ const MAX_HEAD_BYTES: usize = 64 * 1024;
 pub async fn serve(gateway: Arc<Gateway>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(gateway.config().header_read_timeout)
+    http.header_read_timeout(gateway.config().header_read_timeout)
         .max_header_size(MAX_HEAD_BYTES)
         .keep_alive(true)
         // One flat buffer per response (the body copied behind the head) instead of a queue of
@@ -56,6 +56,8 @@ pub async fn serve(gateway: Arc<Gateway>, listener: TcpListener, shutdown: impl 
             let framing = verdicts.next();
             async move { Ok::<_, Infallible>(gw.handle(req, peer, framing).await) }
         });
+        // A timer of its own per connection: see `head_timer`.
+        http.timer(HeadTimer::default());
         let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), svc));
         tokio::spawn(async move {
             if let Err(e) = conn.await {
