@@ -2,13 +2,14 @@
 //!
 //! hyper bounds the wait for each request head with a fresh sleep from its [`Timer`]: with
 //! hyper-util's `TokioTimer` that is a boxed tokio `Sleep` put into tokio's timer wheel while
-//! the head is awaited and taken out when it is in, about 860 instructions a request under
-//! callgrind, on every request of a kept-alive connection. Here each connection has one clock (a
+//! the head is awaited and taken out when it is in, on every request of a kept-alive
+//! connection. Here each connection has one clock (a
 //! tokio `Sleep`), and the sleep hyper gets per head is only its deadline and a handle to that
 //! clock. A connection's deadlines only grow (each is "now + timeout" when hyper starts waiting
 //! for a head), so a clock armed at an earlier head's deadline fires at or before any later
 //! one's: it is moved only when it has fired (or would fire late), and a connection is woken at
-//! most once per timeout length for nothing instead of each request entering the wheel.
+//! most once per timeout length for nothing instead of each request entering the wheel. Under
+//! callgrind that is 400 to 500 instructions a request fewer (passthrough, replay).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -72,8 +73,8 @@ impl Future for HeadSleep {
             clock.at = deadline;
         }
         loop {
-            // Polling registers this task's waker (tokio skips the wheel when the clock is
-            // already armed for this task).
+            // Polling registers this task's waker; an armed clock stays in the wheel where it
+            // is (only a reset moves it).
             match clock.sleep.as_mut().poll(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(()) if clock.at >= deadline => return Poll::Ready(()),

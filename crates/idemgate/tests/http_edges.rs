@@ -134,9 +134,9 @@ async fn slowloris_is_cut_off_while_normal_requests_are_served() {
     assert_eq!(up.counts.total(), 1);
 }
 
-/// Responses far larger than the server's write buffer (hyper's 400 KiB), streamed from the
-/// upstream, arrive whole and in order on one kept-alive connection, and the connection serves
-/// a small request after them (the server writes through one flat buffer, see `server.rs`).
+/// Responses far larger than the server's write buffer (hyper's 408 KiB), streamed from the
+/// upstream, arrive whole and in order on one pipelined, kept-alive connection, and the
+/// connection serves a small request after them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_responses_arrive_whole_on_a_kept_alive_connection() {
     let up = Upstream::start().await;
