@@ -9,6 +9,10 @@
 #
 #   STORE     memory | embedded
 #   SCENARIO  passthrough | miss | replay (a pool of 1,000 keys, primed before each round)
+#   BIN       an idemgate binary, or `nginx`: the nginx `proxy_pass` peer of bench/run.sh
+#             (passthrough only), so the passthrough target can be read from interleaved rounds
+#
+#   bench/ab.sh memory passthrough 6 8 nginx target/release/idemgate
 #
 # Rounds alternate the binaries' order (A B, then B A) so neither always runs first.
 # Topology as in bench/run.sh: a static nginx upstream and wrk -t1 -c32 on CPU 0, the gateway on
@@ -22,12 +26,18 @@ cd "$(dirname "$0")/.."
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 
-[[ $# -ge 5 ]] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
+[[ $# -ge 5 ]] || { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
 STORE="$1" SCENARIO="$2" ROUNDS="$3" SECS="$4"
 shift 4
 case "$STORE" in memory | embedded) ;; *) echo "ab: store must be memory or embedded" >&2; exit 64 ;; esac
 case "$SCENARIO" in passthrough | miss | replay) ;; *) echo "ab: unknown scenario $SCENARIO" >&2; exit 64 ;; esac
-for bin in "$@"; do [[ -x "$bin" ]] || { echo "ab: $bin is not an executable" >&2; exit 64; }; done
+for bin in "$@"; do
+  if [[ "$bin" == nginx ]]; then
+    [[ "$SCENARIO" == passthrough ]] || { echo "ab: nginx has no $SCENARIO" >&2; exit 64; }
+    continue
+  fi
+  [[ -x "$bin" ]] || { echo "ab: $bin is not an executable" >&2; exit 64; }
+done
 UP_PORT=18100 GW_PORT=18102
 rig_start ab "$UP_PORT"
 
@@ -49,17 +59,27 @@ for round in $(seq 1 "$ROUNDS"); do
   for bin in "${order[@]}"; do
     dir="$WORK/gw-$round-$RANDOM"
     mkdir -p "$dir"
-    gw_yaml "$GW_PORT" "$UP_PORT" "$(local_store_block "$STORE" "$dir")" >"$dir/idemgate.yaml"
-    IDEMGATE_LOG=warn taskset -c 1 "$bin" serve --config "$dir/idemgate.yaml" >"$dir/log" 2>&1 &
+    if [[ "$bin" == nginx ]]; then
+      mkdir -p "$dir/tmp"
+      nginx_conf_text "$dir" 1 "$(proxy_pass_peer "$GW_PORT" "$UP_PORT")" >"$dir/nginx.conf"
+      taskset -c 1 "$(command -v nginx || echo /usr/sbin/nginx)" -p "$dir" -e "$dir/error.log" \
+        -c "$dir/nginx.conf" &
+    else
+      gw_yaml "$GW_PORT" "$UP_PORT" "$(local_store_block "$STORE" "$dir")" >"$dir/idemgate.yaml"
+      IDEMGATE_LOG=warn taskset -c 1 "$bin" serve --config "$dir/idemgate.yaml" >"$dir/log" 2>&1 &
+    fi
     gw=$!
     PIDS+=("$gw")
     rig_wait "$GW_PORT" 20
+    # nginx's requests are served by its worker; the master only waits.
+    cpu_pid="$gw"
+    if [[ "$bin" == nginx ]]; then cpu_pid="$(pgrep -P "$gw" | head -n1)"; fi
     prefix="ab$round$RANDOM"
     [[ "$SCENARIO" == replay ]] && { rig_prime "$GW_PORT"; prefix=rpool; }
     rig_wrk 32 2 "w$prefix" >/dev/null
-    cpu_by_thread "$gw" >"$dir/t0"
+    cpu_by_thread "$cpu_pid" >"$dir/t0"
     line="$(rig_wrk 32 "$SECS" "$prefix")"
-    cpu_by_thread "$gw" >"$dir/t1"
+    cpu_by_thread "$cpu_pid" >"$dir/t1"
     requests="$(kv "$line" requests)"
     [[ -n "$requests" && "$requests" -gt 0 ]] || { echo "ab: no result from wrk for $bin" >&2; exit 1; }
     # clock ticks are 1/100 s: ticks * 10000 / requests = microseconds per request

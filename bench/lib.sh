@@ -51,6 +51,26 @@ static_upstream() {
 EOF
 }
 
+# proxy_pass_peer PORT UP_PORT -> the http body of the nginx `proxy_pass` peer: keep-alive
+# connections to the static upstream at UP_PORT, listening on PORT.
+proxy_pass_peer() {
+  cat <<EOF
+  upstream app {
+    server 127.0.0.1:$2;
+    keepalive 64;
+    keepalive_requests 1000000;
+  }
+  server {
+    listen 127.0.0.1:$1 backlog=4096;
+    location / {
+      proxy_pass http://app;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+    }
+  }
+EOF
+}
+
 # gw_yaml GW_PORT UP_PORT STORE_BLOCK [SLOW_PORT] -> the gateway's YAML on stdout: a catch-all
 # POST/PATCH `accepted` route with `scope: global` to the static upstream and, with SLOW_PORT, a
 # `/storm/**` `required` route to the slow counting upstream ahead of it.

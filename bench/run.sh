@@ -327,20 +327,7 @@ nginx_conf() { # NAME PORT BODY-OF-HTTP-BLOCK
 
 nginx_conf upstream $UP_PORT "$(static_upstream "$UP_PORT")"
 
-nginx_conf proxy $PROXY_PORT "
-  upstream app {
-    server 127.0.0.1:$UP_PORT;
-    keepalive 64;
-    keepalive_requests 1000000;
-  }
-  server {
-    listen 127.0.0.1:$PROXY_PORT backlog=4096;
-    location / {
-      proxy_pass http://app;
-      proxy_http_version 1.1;
-      proxy_set_header Connection \"\";
-    }
-  }"
+nginx_conf proxy $PROXY_PORT "$(proxy_pass_peer "$PROXY_PORT" "$UP_PORT")"
 
 start_nginx() { # NAME CPUS
   start_bg "nginx-$1" "$2" "$WORK/$1" \
