@@ -88,6 +88,16 @@ mod redis {
         Arc::new(RedisStore::new(&config).expect("redis store"))
     }
 
+    /// A store with `timeout` on a server of its own, connected, then paused (`CLIENT PAUSE`)
+    /// for `pause_ms`.
+    async fn paused(timeout: Duration, pause_ms: &str) -> Option<(RedisServer, Arc<RedisStore>)> {
+        let server = own_server().await?;
+        let store = on(&server.url(), timeout);
+        store.ping().await.unwrap();
+        server.command(&["CLIENT", "PAUSE", pause_ms, "ALL"]).await;
+        Some((server, store))
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_handles_act_as_two_replicas() {
         let (Some(a), Some(b)) = (open().await, open().await) else {
@@ -245,12 +255,9 @@ mod redis {
     /// such attempt at 500 ms and retried it until the deadline).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_slow_reply_within_the_timeout_is_waited_for() {
-        let Some(server) = own_server().await else {
+        let Some((_server, store)) = paused(Duration::from_secs(5), "900").await else {
             return;
         };
-        let store = on(&server.url(), Duration::from_secs(5));
-        store.ping().await.unwrap();
-        server.command(&["CLIENT", "PAUSE", "900", "ALL"]).await;
         let (started, before) = (Instant::now(), store.round_trips());
         let r = store
             .begin(&key("slow"), &req(LeaseToken::random(), now_millis()))
@@ -267,12 +274,9 @@ mod redis {
     /// `CLIENT PAUSE` longer than the timeout: calls end in `Timeout` at the bound.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_paused_server_gives_bounded_timeouts() {
-        let Some(server) = own_server().await else {
+        let Some((_server, store)) = paused(Duration::from_millis(300), "2000").await else {
             return;
         };
-        let store = on(&server.url(), Duration::from_millis(300));
-        store.ping().await.unwrap();
-        server.command(&["CLIENT", "PAUSE", "2000", "ALL"]).await;
         let started = Instant::now();
         let r = store
             .begin(&key("paused"), &req(LeaseToken::random(), now_millis()))

@@ -142,17 +142,12 @@ async fn large_responses_arrive_whole_on_a_kept_alive_connection() {
     let up = Upstream::start().await;
     let gw = Gateway::start(&up, "memory", "").await;
     let size = 3 << 20;
-    let mut s = TcpStream::connect(gw.addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let big = format!(
         "POST /anything HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-demo-body-bytes: {size}\r\nContent-Length: 2\r\n\r\n{{}}"
     );
     let small = "POST /anything HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
     // Pipelined: the second large response is queued behind the first.
-    s.write_all(format!("{big}{big}{small}").as_bytes()).unwrap();
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    let text = String::from_utf8_lossy(&out);
+    let text = raw(&gw, &format!("{big}{big}{small}"));
     assert_eq!(text.matches("HTTP/1.1 201").count(), 3, "three answers");
     let pads: Vec<usize> = text
         .split("\"pad\":\"")
