@@ -381,9 +381,10 @@ CLK_TCK="$(getconf CLK_TCK)"
 # Their CPU is not "foreign".
 OWN_PIDS=()
 own_ticks() { local t=0 p; for p in "${OWN_PIDS[@]+"${OWN_PIDS[@]}"}"; do t=$((t + $(proc_ticks "$p"))); done; echo "$t"; }
-# foreign_begin SUT_PID / foreign_end SUT_PID LOADGEN_TICKS -> FOREIGN and STEAL (% of one core
-# over the wall-clock time between the two calls). FOREIGN is the CPU this run lost: other
-# processes' busy time plus the host's steal time; STEAL is the steal part alone.
+# foreign_begin SUT_PID / foreign_end SUT_PID LOADGEN_TICKS -> FOREIGN, STEAL and SUT_PCT (% of one
+# core over the wall-clock time between the two calls). FOREIGN is the CPU this run lost: other
+# processes' busy time plus the host's steal time; STEAL is the steal part alone; SUT_PCT is what
+# the system under test used (well under 100: something else set the rate, see bench/report.py).
 uptime_ticks() { awk '{ printf "%d", $1 * 100 }' /proc/uptime; }
 foreign_begin() {
   F_T0="$(uptime_ticks)"; F_BUSY0="$(cpu_busy_ticks)"; F_STEAL0="$(cpu_steal_ticks)"
@@ -392,10 +393,10 @@ foreign_begin() {
 foreign_end() {
   local busy1 steal1 sut1 own1 t1
   busy1="$(cpu_busy_ticks)"; steal1="$(cpu_steal_ticks)"; sut1="$(proc_ticks "$1")"; own1="$(own_ticks)"; t1="$(uptime_ticks)"
-  read -r FOREIGN STEAL < <(awk -v b=$((busy1 - F_BUSY0)) -v s=$((sut1 - F_SUT0)) -v o=$((own1 - F_OWN0)) \
+  read -r FOREIGN STEAL SUT_PCT < <(awk -v b=$((busy1 - F_BUSY0)) -v s=$((sut1 - F_SUT0)) -v o=$((own1 - F_OWN0)) \
       -v w="$2" -v st=$((steal1 - F_STEAL0)) -v d=$((t1 - F_T0)) 'BEGIN {
         if (d < 1) d = 1; f = 100 * (b - s - o - w) / d; if (f < 0) f = 0; st = 100 * st / d
-        printf "%.0f %.0f\n", f + st, st }')
+        printf "%.0f %.0f %.0f\n", f + st, st, 100 * s / d }')
 }
 
 # ---------------------------------------------------------------- load runs
@@ -474,8 +475,8 @@ bench_row() {
     line="$WRK_LINE"
     foreign_end "$pid" "${line##*wrk_ticks=}"
     rss="$(rss_kb "$pid")"
-    log "  ${line#RESULT } rss_kb=$rss foreign_cpu=${FOREIGN}% (of it steal ${STEAL}%)"
-    echo "$line rss_kb=$rss foreign=$FOREIGN steal=$STEAL" >>"$runs"
+    log "  ${line#RESULT } rss_kb=$rss foreign_cpu=${FOREIGN}% (of it steal ${STEAL}%) sut_cpu=${SUT_PCT}%"
+    echo "$line rss_kb=$rss foreign=$FOREIGN steal=$STEAL sut=$SUT_PCT" >>"$runs"
     # A row whose first runs disagree by more than the margins the targets are judged by gets
     # a few more runs, so that its median rests on more than one lucky or unlucky run.
     if ((i == REPEAT && REPEAT >= 3 && EXTRA > 0)) && [[ "$(spread_pct "$runs")" -gt "$SPREAD_PCT" ]]; then
@@ -493,9 +494,9 @@ bench_row() {
       for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (rps[idx[j]] < rps[idx[i]]) { t = idx[i]; idx[i] = idx[j]; idx[j] = t }
       m = idx[int((n + 1) / 2)]
       split(ln[m], f, " "); delete r; for (i = 2; i in f; i++) { split(f[i], kv, "="); r[kv[1]] = kv[2] }
-      printf "row|%s|%s|%s|%s|%s|%s|%d|requests=%d non2xx=%d replayed=%d retries=%d unexpected=%d sock_errors=%d|%s|%s|%s|%s\n",
+      printf "row|%s|%s|%s|%s|%s|%s|%d|requests=%d non2xx=%d replayed=%d retries=%d unexpected=%d sock_errors=%d|%s|%s|%s|%s|%s\n",
         scenario, target, r["rps"], r["p50_us"], r["p99_us"], r["rss_kb"], errs, req, nx, rp, rt, un, so,
-        r["foreign"], rps[idx[1]], rps[idx[n]], r["steal"]
+        r["foreign"], rps[idx[1]], rps[idx[n]], r["steal"], r["sut"]
     }' "$runs" >>"$RESULTS"
   LAST_RPS="$(awk -F'|' -v s="$scenario" -v t="$target" '$1 == "row" && $2 == s && $3 == t { v = $4 } END { print v + 0 }' "$RESULTS")"
 }
