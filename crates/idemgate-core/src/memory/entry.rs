@@ -75,20 +75,18 @@ impl<'a> OpId<'a> {
 pub(super) trait Sink {
     fn put(&mut self, bytes: &[u8]);
 
+    fn byte(&mut self, b: u8);
+
+    /// Byte by byte: an entry has about fifteen varints of one or two bytes, and a
+    /// variable-length `put` of each cost a `memcpy` call.
     fn varint(&mut self, mut v: u64) {
-        let mut buf = [0u8; 10];
-        let mut n = 0;
         while v >= 0x80 {
             #[allow(clippy::cast_possible_truncation)] // the low seven bits
-            let low = (v as u8) | 0x80;
-            buf[n] = low;
+            self.byte((v as u8) | 0x80);
             v >>= 7;
-            n += 1;
         }
         #[allow(clippy::cast_possible_truncation)] // below 0x80
-        let last = v as u8;
-        buf[n] = last;
-        self.put(&buf[..=n]);
+        self.byte(v as u8);
     }
 
     fn len(&mut self, n: usize) {
@@ -107,11 +105,19 @@ impl Sink for Count {
     fn put(&mut self, bytes: &[u8]) {
         self.0 += bytes.len();
     }
+
+    fn byte(&mut self, _: u8) {
+        self.0 += 1;
+    }
 }
 
 impl Sink for Vec<u8> {
     fn put(&mut self, bytes: &[u8]) {
         self.extend_from_slice(bytes);
+    }
+
+    fn byte(&mut self, b: u8) {
+        self.push(b);
     }
 }
 
@@ -131,7 +137,7 @@ pub(super) fn write_entry(out: &mut impl Sink, key: &str, rec: &Record, route: O
     if rec.expires_at == Millis::MAX {
         flags |= NEVER_EXPIRES;
     }
-    out.put(&[flags]);
+    out.byte(flags);
     out.varint(rec.created_at);
     if rec.expires_at != Millis::MAX {
         out.varint(to_delta(rec.created_at, rec.expires_at));
