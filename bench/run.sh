@@ -384,11 +384,16 @@ own_ticks() { local t=0 p; for p in "${OWN_PIDS[@]+"${OWN_PIDS[@]}"}"; do t=$((t
 # foreign_begin SUT_PID / foreign_end SUT_PID LOADGEN_TICKS -> FOREIGN, STEAL and SUT_PCT (% of one
 # core over the wall-clock time between the two calls). FOREIGN is the CPU this run lost: other
 # processes' busy time plus the host's steal time; STEAL is the steal part alone; SUT_PCT is what
-# the system under test used (well under 100: something else set the rate, see bench/report.py).
+# the system under test used, LOAD_PCT how busy the load core was (empty unless it is one CPU).
 uptime_ticks() { awk '{ printf "%d", $1 * 100 }' /proc/uptime; }
+# load_cpu_ticks -> "busy total" ticks of the load core (LOADGEN_CPUS when it is one CPU, else empty)
+load_cpu_ticks() {
+  [[ "$LOADGEN_CPUS" =~ ^[0-9]+$ ]] || return 0
+  awk -v c="cpu$LOADGEN_CPUS" '$1 == c { b = $2 + $3 + $4 + $7 + $8 + $9; print b, b + $5 + $6; exit }' /proc/stat
+}
 foreign_begin() {
   F_T0="$(uptime_ticks)"; F_BUSY0="$(cpu_busy_ticks)"; F_STEAL0="$(cpu_steal_ticks)"
-  F_SUT0="$(proc_ticks "$1")"; F_OWN0="$(own_ticks)"
+  F_SUT0="$(proc_ticks "$1")"; F_OWN0="$(own_ticks)"; F_LOAD0="$(load_cpu_ticks)"
 }
 foreign_end() {
   local busy1 steal1 sut1 own1 t1
@@ -397,6 +402,12 @@ foreign_end() {
       -v w="$2" -v st=$((steal1 - F_STEAL0)) -v d=$((t1 - F_T0)) 'BEGIN {
         if (d < 1) d = 1; f = 100 * (b - s - o - w) / d; if (f < 0) f = 0; st = 100 * st / d
         printf "%.0f %.0f %.0f\n", f + st, st, 100 * s / d }')
+  # The load core's busy share: with SUT_PCT, whether the load side set the rate (bench/report.py).
+  LOAD_PCT=""
+  if [[ -n "$F_LOAD0" ]]; then
+    LOAD_PCT="$(awk -v a="$F_LOAD0" -v b="$(load_cpu_ticks)" 'BEGIN {
+      split(a, x, " "); split(b, y, " "); t = y[2] - x[2]; if (t > 0) printf "%.0f", 100 * (y[1] - x[1]) / t }')"
+  fi
 }
 
 # ---------------------------------------------------------------- load runs
@@ -475,8 +486,8 @@ bench_row() {
     line="$WRK_LINE"
     foreign_end "$pid" "${line##*wrk_ticks=}"
     rss="$(rss_kb "$pid")"
-    log "  ${line#RESULT } rss_kb=$rss foreign_cpu=${FOREIGN}% (of it steal ${STEAL}%) sut_cpu=${SUT_PCT}%"
-    echo "$line rss_kb=$rss foreign=$FOREIGN steal=$STEAL sut=$SUT_PCT" >>"$runs"
+    log "  ${line#RESULT } rss_kb=$rss foreign_cpu=${FOREIGN}% (of it steal ${STEAL}%) sut_cpu=${SUT_PCT}% load_cpu=${LOAD_PCT:-?}%"
+    echo "$line rss_kb=$rss foreign=$FOREIGN steal=$STEAL sut=$SUT_PCT load=$LOAD_PCT" >>"$runs"
     # A row whose first runs disagree by more than the margins the targets are judged by gets
     # a few more runs, so that its median rests on more than one lucky or unlucky run.
     if ((i == REPEAT && REPEAT >= 3 && EXTRA > 0)) && [[ "$(spread_pct "$runs")" -gt "$SPREAD_PCT" ]]; then
@@ -494,9 +505,9 @@ bench_row() {
       for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (rps[idx[j]] < rps[idx[i]]) { t = idx[i]; idx[i] = idx[j]; idx[j] = t }
       m = idx[int((n + 1) / 2)]
       split(ln[m], f, " "); delete r; for (i = 2; i in f; i++) { split(f[i], kv, "="); r[kv[1]] = kv[2] }
-      printf "row|%s|%s|%s|%s|%s|%s|%d|requests=%d non2xx=%d replayed=%d retries=%d unexpected=%d sock_errors=%d|%s|%s|%s|%s|%s\n",
+      printf "row|%s|%s|%s|%s|%s|%s|%d|requests=%d non2xx=%d replayed=%d retries=%d unexpected=%d sock_errors=%d|%s|%s|%s|%s|%s|%s\n",
         scenario, target, r["rps"], r["p50_us"], r["p99_us"], r["rss_kb"], errs, req, nx, rp, rt, un, so,
-        r["foreign"], rps[idx[1]], rps[idx[n]], r["steal"], r["sut"]
+        r["foreign"], rps[idx[1]], rps[idx[n]], r["steal"], r["sut"], r["load"]
     }' "$runs" >>"$RESULTS"
   LAST_RPS="$(awk -F'|' -v s="$scenario" -v t="$target" '$1 == "row" && $2 == s && $3 == t { v = $4 } END { print v + 0 }' "$RESULTS")"
 }
