@@ -28,6 +28,7 @@ PEER_ORDER = [
 ]
 STORES = ["memory", "embedded", "redis", "postgres"]
 NGINX = "nginx proxy_pass"
+NODE_PEERS = ["express-idempotency (redis)", "node-idempotency (redis)"]
 # A closed-loop row whose target used less of its core than SATURATED (%) while the load core
 # (wrk, the static upstream, Redis) was at least LOAD_BUSY (%) busy was held back by the load side:
 # its req/s is a lower bound. A target limited by its own store (an fsync, a round trip) also
@@ -39,7 +40,6 @@ LOAD_BUSY = 95
 def held_back(r):
     return (r["sut"] is not None and r["load"] is not None
             and r["sut"] < SATURATED and r["load"] >= LOAD_BUSY)
-NODE_PEERS = ["express-idempotency (redis)", "node-idempotency (redis)"]
 
 
 def gw(store):

@@ -31,6 +31,13 @@ struct Clock {
     at: Instant,
 }
 
+impl Clock {
+    fn move_to(&mut self, deadline: Instant) {
+        self.sleep.as_mut().reset(deadline.into());
+        self.at = deadline;
+    }
+}
+
 impl Timer for HeadTimer {
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn Sleep>> {
         self.sleep_until(self.now() + duration)
@@ -69,8 +76,7 @@ impl Future for HeadSleep {
             at: deadline,
         });
         if clock.at > deadline {
-            clock.sleep.as_mut().reset(deadline.into());
-            clock.at = deadline;
+            clock.move_to(deadline);
         }
         loop {
             // Polling registers this task's waker; an armed clock stays in the wheel where it
@@ -79,10 +85,7 @@ impl Future for HeadSleep {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(()) if clock.at >= deadline => return Poll::Ready(()),
                 // Fired at an earlier head's deadline: move it to this one.
-                Poll::Ready(()) => {
-                    clock.sleep.as_mut().reset(deadline.into());
-                    clock.at = deadline;
-                }
+                Poll::Ready(()) => clock.move_to(deadline),
             }
         }
     }
