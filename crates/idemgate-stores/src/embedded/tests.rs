@@ -592,3 +592,50 @@ async fn a_takeover_on_a_stale_snapshot_decides_again() {
     }
     assert_eq!(store.reserved.len(), 0, "the takeover left nothing in memory");
 }
+
+/// The writer runs as a batch thread and the journal does not (see `batch_thread`): a caller
+/// handing the writer work is not switched away from at once when they share a core.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_writer_runs_as_a_batch_thread() {
+    const SCHED_OTHER: &str = "0";
+    const SCHED_BATCH: &str = "3";
+    // (name, scheduling policy) of this process's store threads; the policy is field 41 of
+    // /proc/<tid>/stat, the 39th after the parenthesised name (which may hold spaces).
+    let store_threads = || -> Vec<(String, String)> {
+        let mut found = Vec::new();
+        for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+            let name = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            let name = name.trim();
+            if name != "store-writer" && name != "store-journal" {
+                continue;
+            }
+            let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+            let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+            let policy = after_name.split_whitespace().nth(38).unwrap_or("?");
+            found.push((name.to_owned(), policy.to_owned()));
+        }
+        found
+    };
+    let (_dir, _store) = open();
+    // The writer sets its own policy as it starts; other tests' stores may be starting too.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let threads = store_threads();
+        let names: Vec<&str> = threads.iter().map(|(n, _)| n.as_str()).collect();
+        let ready = names.contains(&"store-writer")
+            && names.contains(&"store-journal")
+            && threads.iter().all(|(name, policy)| match name.as_str() {
+                "store-writer" => policy == SCHED_BATCH,
+                _ => policy == SCHED_OTHER,
+            });
+        if ready {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "store threads and their policies: {threads:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
