@@ -30,6 +30,7 @@
 //! every journaled write it could have seen is on disk. The snapshot is one read transaction
 //! that the writer replaces after each commit (`snapshot.rs`), not one per caller.
 
+mod batch;
 mod journal;
 mod ops;
 mod reserved;
@@ -61,37 +62,6 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const JOURNAL_SEQ: &str = "journal_seq";
 /// `journal_gen`: the generation of the frames written since that checkpoint.
 const JOURNAL_GEN: &str = "journal_gen";
-
-/// Marks the writer thread `SCHED_BATCH` on Linux: its wake-ups no longer preempt the thread
-/// that woke it.
-///
-/// A caller hands its write to the writer and goes on. With the default policy the kernel
-/// switches to the freshly woken writer at once when both share a core, so the writer commits
-/// one or two operations per wake-up, each commit a context switch and a futex call on the
-/// requests' core. As a batch thread it runs once the callers' thread blocks or its slice ends,
-/// and finds the writes that arrived meanwhile queued: one commit for all of them. On a core of
-/// its own nothing changes (a wake-up on an idle core preempts nobody), and its share of the CPU
-/// is the same: `SCHED_BATCH` changes wake-up preemption only, not the weight.
-///
-/// The journal thread keeps the default policy: it answers callers after each sync, and as a
-/// batch thread its answers waited behind the callers' thread in a duplicate storm (the slowest
-/// waiter 10 to 25 ms later). Measured in docs/benchmarks.md (2026-11-26, morning). A refusal (a
-/// seccomp profile, say) leaves the default policy, which only batches less.
-fn batch_thread() {
-    #[cfg(target_os = "linux")]
-    {
-        use thread_priority::{
-            NormalThreadSchedulePolicy, ThreadPriority, ThreadPriorityOsValue, ThreadSchedulePolicy,
-            set_thread_priority_and_policy, thread_native_id,
-        };
-        // Nice 0, the default: the crate sets the policy and the nice value together.
-        let batch = ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Batch);
-        let nice = ThreadPriority::Os(ThreadPriorityOsValue::default());
-        if let Err(e) = set_thread_priority_and_policy(thread_native_id(), nice, batch) {
-            tracing::debug!(error = ?e, "embedded store thread keeps the default scheduling policy");
-        }
-    }
-}
 
 /// The most operations one commit carries.
 pub const MAX_BATCH: usize = 512;
@@ -226,7 +196,7 @@ impl EmbeddedStore {
         std::thread::Builder::new()
             .name("store-writer".into())
             .spawn(move || {
-                batch_thread();
+                batch::become_batch_thread();
                 writer.run(rx);
             })
             .map_err(StoreError::backend)?;

@@ -593,16 +593,25 @@ async fn a_takeover_on_a_stale_snapshot_decides_again() {
     assert_eq!(store.reserved.len(), 0, "the takeover left nothing in memory");
 }
 
-/// The writer runs as a batch thread and the journal does not (see `batch_thread`): a caller
-/// handing the writer work is not switched away from at once when they share a core.
+/// The writer runs as a batch thread and the journal does not (see `batch.rs`): a caller
+/// handing the writer work is not switched away from at once when they share a core. The
+/// journal keeps the policy it started with, the process's.
 #[cfg(target_os = "linux")]
 #[test]
 fn the_writer_runs_as_a_batch_thread() {
-    const SCHED_OTHER: &str = "0";
+    use super::batch::{NICE, POLICY, stat_field};
     const SCHED_BATCH: &str = "3";
-    // (name, scheduling policy) of this process's store threads; the policy is field 41 of
-    // /proc/<tid>/stat, the 39th after the parenthesised name (which may hold spaces).
-    let store_threads = || -> Vec<(String, String)> {
+    let process = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let process_nice = stat_field(&process, NICE).unwrap().to_owned();
+    let process_policy = stat_field(&process, POLICY).unwrap().to_owned();
+    // Under `nice` the writer keeps its policy rather than change its nice value.
+    let writer_policy = if process_nice == "0" {
+        SCHED_BATCH
+    } else {
+        &process_policy
+    };
+    // (name, policy, nice) of this process's store threads.
+    let store_threads = || -> Vec<(String, String, String)> {
         let mut found = Vec::new();
         for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
             let name = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
@@ -611,9 +620,8 @@ fn the_writer_runs_as_a_batch_thread() {
                 continue;
             }
             let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-            let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-            let policy = after_name.split_whitespace().nth(38).unwrap_or("?");
-            found.push((name.to_owned(), policy.to_owned()));
+            let field = |n| stat_field(&stat, n).unwrap_or("?").to_owned();
+            found.push((name.to_owned(), field(POLICY), field(NICE)));
         }
         found
     };
@@ -622,19 +630,23 @@ fn the_writer_runs_as_a_batch_thread() {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let threads = store_threads();
-        let names: Vec<&str> = threads.iter().map(|(n, _)| n.as_str()).collect();
+        let names: Vec<&str> = threads.iter().map(|(n, ..)| n.as_str()).collect();
         let ready = names.contains(&"store-writer")
             && names.contains(&"store-journal")
-            && threads.iter().all(|(name, policy)| match name.as_str() {
-                "store-writer" => policy == SCHED_BATCH,
-                _ => policy == SCHED_OTHER,
+            && threads.iter().all(|(name, policy, nice)| {
+                let expected = if name == "store-writer" {
+                    writer_policy
+                } else {
+                    &process_policy
+                };
+                policy == expected && *nice == process_nice
             });
         if ready {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "store threads and their policies: {threads:?}"
+            "store threads (name, policy, nice): {threads:?}, process nice {process_nice}"
         );
         std::thread::sleep(Duration::from_millis(10));
     }
