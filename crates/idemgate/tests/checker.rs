@@ -224,6 +224,130 @@ async fn redis_behind_a_proxy() -> Option<(RedisServer, CheckerUpstream, FaultPr
     Some((redis, up, proxy, store))
 }
 
+/// PostgreSQL for gateways behind fault proxies: where the proxies forward to, and a schema of
+/// the test's own on the shared server (keeping other tests' tables apart); `None` (skipped)
+/// without PostgreSQL.
+struct PgBehindProxies {
+    url: String,
+    target: std::net::SocketAddr,
+    /// `user[:password]@`, host and port left out: each store block names its proxy.
+    login: String,
+    db: String,
+    schema: String,
+    admin: tokio_postgres::Client,
+}
+
+impl PgBehindProxies {
+    async fn new() -> Option<Self> {
+        let url = pg_url()?;
+        let config: tokio_postgres::Config = url.parse().unwrap();
+        let target = match (config.get_hosts().first(), config.get_ports().first()) {
+            (Some(tokio_postgres::config::Host::Tcp(h)), port) => {
+                let host: std::net::IpAddr = if h == "localhost" {
+                    [127, 0, 0, 1].into()
+                } else {
+                    h.parse().unwrap()
+                };
+                std::net::SocketAddr::new(host, port.copied().unwrap_or(5432))
+            }
+            _ => {
+                println!("skipped: the checker needs a TCP PostgreSQL URL");
+                return None;
+            }
+        };
+        let password = config
+            .get_password()
+            .map(|p| format!(":{}", String::from_utf8_lossy(p)))
+            .unwrap_or_default();
+        let login = format!("{}{password}@", config.get_user().unwrap_or("postgres"));
+        let db = config.get_dbname().unwrap_or("postgres").to_owned();
+        let schema = format!("checker_{:x}", Rng::new(seed()).next() % 0xffff_ffff);
+        let admin = pg_session(&url).await;
+        admin
+            .batch_execute(&format!("CREATE SCHEMA {schema}"))
+            .await
+            .unwrap();
+        Some(Self {
+            url,
+            target,
+            login,
+            db,
+            schema,
+            admin,
+        })
+    }
+
+    /// A gateway's store block: through `proxy`, as `application_name` `name`.
+    fn store_block(&self, proxy: &FaultProxy, name: &str, pool_size: usize) -> String {
+        let Self {
+            login, db, schema, ..
+        } = self;
+        format!(
+            "  kind: postgres\n  url: \"postgres://{login}127.0.0.1:{}/{db}?application_name={name}&options=-c%20search_path%3D{schema}\"\n  pool_size: {pool_size}\n",
+            proxy.port
+        )
+    }
+
+    async fn drop_schema(&self) {
+        self.admin
+            .batch_execute(&format!("DROP SCHEMA {} CASCADE", self.schema))
+            .await
+            .unwrap();
+    }
+}
+
+/// Writes to one gateway's `/writes` route, each request with a key and a client timeout.
+struct Writer {
+    http: reqwest::Client,
+    url: String,
+}
+
+impl Writer {
+    fn new(gw: &Gateway) -> Self {
+        Self {
+            http: reqwest::Client::builder().no_proxy().build().unwrap(),
+            url: format!("http://{}/writes", gw.addr),
+        }
+    }
+
+    async fn send(&self, key: &str, timeout: Duration) -> reqwest::Result<reqwest::Response> {
+        self.http
+            .post(&self.url)
+            .header("idempotency-key", key)
+            .body("{}")
+            .timeout(timeout)
+            .send()
+            .await
+    }
+
+    /// The status of a request with a 5 s timeout.
+    async fn status(&self, key: &str) -> u16 {
+        self.send(key, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    }
+
+    /// Writes until one succeeds: the first store call also connects (and migrates), and on a
+    /// loaded machine (CI runs the nemesis tests beside these) it has outlasted the store's
+    /// 500 ms bound and got 503. What a test checks starts after.
+    async fn warm_up(&self) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        for attempt in 0.. {
+            let status = self.status(&format!("warm-{attempt}")).await;
+            if status == 201 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the gateway never reached its store: {status}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
 /// Runs the clients and the nemesis, heals, runs the final phase, and judges.
 async fn run(world: World, up: &CheckerUpstream, menu: &[Nemesis], clients: usize) -> Verdict {
     run_for(world, up, menu, clients, nemesis_seconds(), (300, 25)).await
@@ -364,46 +488,17 @@ async fn exactly_once_on_redis_under_gateway_and_store_faults() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_once_on_postgres_under_gateway_and_store_faults() {
-    let Some(url) = pg_url() else { return };
-    let config: tokio_postgres::Config = url.parse().unwrap();
-    let target = match (config.get_hosts().first(), config.get_ports().first()) {
-        (Some(tokio_postgres::config::Host::Tcp(h)), port) => {
-            let host: std::net::IpAddr = if h == "localhost" {
-                [127, 0, 0, 1].into()
-            } else {
-                h.parse().unwrap()
-            };
-            std::net::SocketAddr::new(host, port.copied().unwrap_or(5432))
-        }
-        _ => {
-            println!("skipped: the checker needs a TCP PostgreSQL URL");
-            return;
-        }
+    let Some(pg) = PgBehindProxies::new().await else {
+        return;
     };
-    let user = config.get_user().unwrap_or("postgres").to_owned();
-    let password = config
-        .get_password()
-        .map(|p| format!(":{}", String::from_utf8_lossy(p)))
-        .unwrap_or_default();
-    let db = config.get_dbname().unwrap_or("postgres").to_owned();
-    // A schema of the run's own: the shared server keeps other tests' tables apart.
-    let schema = format!("checker_{:x}", Rng::new(seed()).next() % 0xffff_ffff);
-    let admin = pg_session(&url).await;
-    admin
-        .batch_execute(&format!("CREATE SCHEMA {schema}"))
-        .await
-        .unwrap();
-
+    let schema = &pg.schema;
     let epoch = Instant::now();
     let up = CheckerUpstream::start(epoch).await;
     let (mut proxies, mut gateways, mut names) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..2 {
-        let proxy = FaultProxy::start(target).await;
+        let proxy = FaultProxy::start(pg.target).await;
         let name = format!("{schema}_gw{i}");
-        let store = format!(
-            "  kind: postgres\n  url: \"postgres://{user}{password}@127.0.0.1:{}/{db}?application_name={name}&options=-c%20search_path%3D{schema}\"\n  pool_size: 4\n",
-            proxy.port
-        );
+        let store = pg.store_block(&proxy, &name, 4);
         gateways.push(start_gateway(&up, &store).await);
         proxies.push(proxy);
         names.push(name);
@@ -414,17 +509,13 @@ async fn exactly_once_on_postgres_under_gateway_and_store_faults() {
         gateways,
         proxies,
         redis: None,
-        pg: Some((admin, names)),
+        pg: Some((pg_session(&pg.url).await, names)),
         events: Vec::new(),
     };
     let mut menu = vec![Nemesis::KillGateway, Nemesis::TerminatePg, Nemesis::StopGateway];
     menu.extend(PROXY_FAULTS);
     let verdict = run(world, &up, &menu, 8).await;
-    let admin = pg_session(&url).await;
-    admin
-        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
-        .await
-        .unwrap();
+    pg.drop_schema().await;
     verdict.assert_pass();
 }
 
@@ -472,42 +563,18 @@ async fn a_client_gone_mid_begin_leaves_no_reservation_on_redis() {
         return;
     };
     let gw = start_gateway_with(&up, &store, "  lease: 60s\n  wait_timeout: 5s\n").await;
-    let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let write = |key: &str, timeout: Duration| {
-        http.post(format!("http://{}/writes", gw.addr))
-            .header("idempotency-key", key)
-            .body("{}")
-            .timeout(timeout)
-            .send()
-    };
-    // The first store call also connects, and on a loaded machine (CI runs the nemesis tests
-    // beside this one) it once outlasted the store's 500 ms bound and got 503. Warm up until the
-    // gateway reaches Redis; what is tested starts after.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    for attempt in 0.. {
-        let status = write(&format!("warm-{attempt}"), Duration::from_secs(5))
-            .await
-            .unwrap()
-            .status();
-        if status == 201 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the gateway never reached Redis: {status}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let w = Writer::new(&gw);
+    w.warm_up().await;
     // 300 ms there and back, inside the store's 500 ms timeout: the call is cut off by the
     // client, not by the store.
     proxy.set(Fault::Delay(Duration::from_millis(150)));
     assert!(
-        write("gone", Duration::from_millis(50)).await.is_err(),
+        w.send("gone", Duration::from_millis(50)).await.is_err(),
         "the client gave up before its begin was answered"
     );
     proxy.set(Fault::Pass);
     let started = Instant::now();
-    let retry = write("gone", Duration::from_secs(10)).await.unwrap();
+    let retry = w.send("gone", Duration::from_secs(10)).await.unwrap();
     let took = started.elapsed();
     assert_eq!(retry.status(), 201, "the retry executes");
     assert!(took < Duration::from_secs(4), "the retry waited {took:?}");
@@ -523,34 +590,73 @@ async fn redis_serves_at_once_when_a_fault_is_lifted() {
         return;
     };
     let gw = start_gateway(&up, &store).await;
-    let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let write = |key: String| {
-        http.post(format!("http://{}/writes", gw.addr))
-            .header("idempotency-key", key)
-            .body("{}")
-            .timeout(Duration::from_secs(5))
-            .send()
-    };
-    assert_eq!(write("heal-warm".into()).await.unwrap().status(), 201);
+    let w = Writer::new(&gw);
+    assert_eq!(w.status("heal-warm").await, 201);
     let (mut slow, mut worst) = (Vec::new(), Duration::ZERO);
     for round in 0..6 {
         for fault in [Fault::Drop, Fault::Reset] {
             proxy.set(fault);
             // Traffic during the fault keeps the connection manager reconnecting.
             for i in 0..3 {
-                let r = write(format!("heal-{round}-{fault:?}-during-{i}")).await.unwrap();
-                assert_eq!(r.status(), 503);
+                let status = w.status(&format!("heal-{round}-{fault:?}-during-{i}")).await;
+                assert_eq!(status, 503);
             }
             proxy.set(Fault::Pass);
             let started = Instant::now();
-            let r = write(format!("heal-{round}-{fault:?}-after")).await.unwrap();
+            let status = w.status(&format!("heal-{round}-{fault:?}-after")).await;
             let took = started.elapsed();
             worst = worst.max(took);
-            if r.status() != 201 || took > Duration::from_millis(300) {
-                slow.push((round, fault, r.status().as_u16(), took));
+            if status != 201 || took > Duration::from_millis(300) {
+                slow.push((round, fault, status, took));
             }
         }
     }
     println!("first request after a lifted fault: slowest {worst:?}");
     assert!(slow.is_empty(), "first requests after the heal: {slow:?}");
+}
+
+/// A finding of the checker, held: a store call's deadline covered opening a connection, so
+/// while opening one took longer than the store's timeout (a PostgreSQL slow to accept as every
+/// replica reconnects after a partition) every attempt was cut off half-open, the pool never
+/// refilled and every request got 503. Connections now open on tasks of their own and land in
+/// the pool when they are ready: the first requests fail at the timeout, the next are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_recovers_when_opening_a_connection_outlasts_the_store_timeout() {
+    let Some(pg) = PgBehindProxies::new().await else {
+        return;
+    };
+    let up = CheckerUpstream::start(Instant::now()).await;
+    let proxy = FaultProxy::start(pg.target).await;
+    let store = pg.store_block(&proxy, &format!("{}_slow", pg.schema), 2);
+    let gw = start_gateway(&up, &store).await;
+    let w = Writer::new(&gw);
+    // Migrated, and a connection in the pool.
+    w.warm_up().await;
+    // The pooled connections are cut, and opening a new one now takes 800 ms, longer than the
+    // store's 500 ms timeout; statements on an open connection stay fast.
+    proxy.set(Fault::Drop);
+    assert_eq!(w.status("slow-cut").await, 503);
+    proxy.set(Fault::SlowConnect(Duration::from_millis(800)));
+    let started = Instant::now();
+    let mut statuses = Vec::new();
+    while Instant::now() < started + Duration::from_secs(8) {
+        statuses.push(w.status(&format!("slow-{}", statuses.len())).await);
+        if statuses.ends_with(&[201, 201, 201]) {
+            break;
+        }
+    }
+    println!(
+        "requests while opening took 800 ms: {statuses:?} in {:?}",
+        started.elapsed()
+    );
+    assert!(
+        statuses.ends_with(&[201, 201, 201]),
+        "never served again: {statuses:?}"
+    );
+    let failed = statuses.iter().filter(|s| **s != 201).count();
+    assert!(
+        failed <= 3,
+        "{failed} requests failed before the pool refilled: {statuses:?}"
+    );
+    pg.drop_schema().await;
 }

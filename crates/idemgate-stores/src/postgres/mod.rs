@@ -21,8 +21,11 @@
 //!
 //! Failures. Every call is bounded by the configured timeout; connection failures (a
 //! terminated backend, a refused connect) are retried within it on a fresh connection, which
-//! is safe because every operation is idempotent for the lease owner (SPEC 10).
+//! is safe because every operation is idempotent for the lease owner (SPEC 10). Connections
+//! open on tasks of their own (`connect.rs`): one that takes longer than a call's timeout
+//! still lands in the pool for the next call.
 
+mod connect;
 mod listener;
 mod row;
 pub mod sql;
@@ -38,7 +41,6 @@ use idemgate_core::rules::{self, Begin, BeginRequest, Write};
 use idemgate_core::store::{Store, StoreError};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
-use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
 use crate::codec::{encode_response, token_bytes};
@@ -208,9 +210,9 @@ impl PostgresStore {
         }
         let notifier = Arc::new(Notifier::default());
         let listener = tokio::spawn(listener::run(pg.clone(), notifier.clone(), config.timeout));
-        let manager = Manager::from_config(
+        let manager = Manager::from_connect(
             pg,
-            NoTls,
+            connect::Connector::new(config.pool_size, config.timeout),
             ManagerConfig {
                 // A connection that died (terminated backend) reports itself closed; a query
                 // on one that died unnoticed fails and is retried on a fresh one.

@@ -9,6 +9,8 @@
 //! - `Reset`: the same with RST (zero linger), like a crashed host or a firewall's reject;
 //! - `Blackhole`: nothing is read or forwarded until the fault is lifted, then the bytes flow
 //!   again (a partition that heals before TCP gives up: the peer only sees silence).
+//! - `SlowConnect(d)`: a new connection waits `d` before it reaches the target; open ones pass
+//!   (a server slow to accept, such as a PostgreSQL busy forking backends).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -24,6 +26,7 @@ pub enum Fault {
     Drop,
     Reset,
     Blackhole,
+    SlowConnect(Duration),
 }
 
 impl Fault {
@@ -103,6 +106,9 @@ async fn connection(mut inbound: TcpStream, target: SocketAddr, mut rx: watch::R
     if fault.kills() {
         close(&inbound, fault);
         return;
+    }
+    if let Fault::SlowConnect(d) = fault {
+        tokio::time::sleep(d).await;
     }
     let Ok(mut outbound) = TcpStream::connect(target).await else {
         return;
