@@ -238,7 +238,9 @@ struct PgBehindProxies {
 }
 
 impl PgBehindProxies {
-    async fn new() -> Option<Self> {
+    /// `tag` sets the schema apart from other tests' (the seed may be fixed, and tests run
+    /// side by side).
+    async fn new(tag: &str) -> Option<Self> {
         let url = pg_url()?;
         let config: tokio_postgres::Config = url.parse().unwrap();
         let target = match (config.get_hosts().first(), config.get_ports().first()) {
@@ -261,7 +263,7 @@ impl PgBehindProxies {
             .unwrap_or_default();
         let login = format!("{}{password}@", config.get_user().unwrap_or("postgres"));
         let db = config.get_dbname().unwrap_or("postgres").to_owned();
-        let schema = format!("checker_{:x}", Rng::new(seed()).next() % 0xffff_ffff);
+        let schema = format!("checker_{tag}_{:x}", Rng::new(seed()).next() % 0xffff_ffff);
         let admin = pg_session(&url).await;
         admin
             .batch_execute(&format!("CREATE SCHEMA {schema}"))
@@ -488,7 +490,7 @@ async fn exactly_once_on_redis_under_gateway_and_store_faults() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_once_on_postgres_under_gateway_and_store_faults() {
-    let Some(pg) = PgBehindProxies::new().await else {
+    let Some(pg) = PgBehindProxies::new("nemesis").await else {
         return;
     };
     let schema = &pg.schema;
@@ -622,7 +624,7 @@ async fn redis_serves_at_once_when_a_fault_is_lifted() {
 /// the pool when they are ready: the first requests fail at the timeout, the next are served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_recovers_when_opening_a_connection_outlasts_the_store_timeout() {
-    let Some(pg) = PgBehindProxies::new().await else {
+    let Some(pg) = PgBehindProxies::new("slow").await else {
         return;
     };
     let up = CheckerUpstream::start(Instant::now()).await;
@@ -649,14 +651,16 @@ async fn postgres_recovers_when_opening_a_connection_outlasts_the_store_timeout(
         "requests while opening took 800 ms: {statuses:?} in {:?}",
         started.elapsed()
     );
+    pg.drop_schema().await;
+    // The first calls fail at the store's timeout while their connections open; then the
+    // pool serves. Without the change no call succeeded.
+    let first = statuses.iter().position(|s| *s == 201);
+    assert!(
+        first.is_some_and(|i| i <= 3),
+        "not served again in time: {statuses:?}"
+    );
     assert!(
         statuses.ends_with(&[201, 201, 201]),
-        "never served again: {statuses:?}"
+        "not served steadily: {statuses:?}"
     );
-    let failed = statuses.iter().filter(|s| **s != 201).count();
-    assert!(
-        failed <= 3,
-        "{failed} requests failed before the pool refilled: {statuses:?}"
-    );
-    pg.drop_schema().await;
 }

@@ -23,7 +23,9 @@ const PING: &str = "SELECT 'idemgate-listen'";
 pub(super) async fn run(config: tokio_postgres::Config, notifier: Arc<Notifier>, timeout: Duration) {
     let mut backoff = Duration::from_millis(50);
     loop {
-        match tokio::time::timeout(timeout, config.connect(NoTls)).await {
+        // Bounded like the pool's openings, not by the store's timeout: an opening slower
+        // than a call (a server busy forking backends) must still get through.
+        match tokio::time::timeout(super::connect::open_bound(timeout), config.connect(NoTls)).await {
             Ok(Ok((client, mut connection))) => {
                 // The connection object must be polled for notifications to arrive; the client
                 // is used once, to LISTEN, and kept alive as long as the connection runs.

@@ -138,6 +138,7 @@ pub fn check_url(url: &str) -> Result<(), PostgresConfigError> {
 /// Records in PostgreSQL, shared by every replica pointed at the same database.
 pub struct PostgresStore {
     pool: Pool,
+    opener: Arc<connect::Opener>,
     migrated: OnceCell<()>,
     timeout: Duration,
     notifier: Arc<Notifier>,
@@ -210,9 +211,10 @@ impl PostgresStore {
         }
         let notifier = Arc::new(Notifier::default());
         let listener = tokio::spawn(listener::run(pg.clone(), notifier.clone(), config.timeout));
+        let opener = connect::Opener::new(config.pool_size, config.timeout);
         let manager = Manager::from_connect(
             pg,
-            connect::Connector::new(config.pool_size, config.timeout),
+            connect::Connector(opener.clone()),
             ManagerConfig {
                 // A connection that died (terminated backend) reports itself closed; a query
                 // on one that died unnoticed fails and is retried on a fresh one.
@@ -223,12 +225,15 @@ impl PostgresStore {
             .max_size(config.pool_size.max(1))
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(config.timeout))
+            // Load-bearing: it ends a caller's wait for an opening that is given up
+            // (`connect.rs` leaves that wait pending, as the caller always has this bound).
             .create_timeout(Some(config.timeout))
             .recycle_timeout(Some(config.timeout))
             .build()
             .map_err(PostgresConfigError::Pool)?;
         Ok(Self {
             pool,
+            opener,
             migrated: OnceCell::new(),
             timeout: config.timeout,
             notifier,
@@ -257,12 +262,16 @@ impl PostgresStore {
     }
 
     /// Sweeps in the background every `every` (and straight again while batches come back
-    /// full) until the store is dropped.
+    /// full) until the store is dropped. Also drops the connections that finished opening for
+    /// callers that had gone and have waited that long unused (`connect.rs`).
     pub fn spawn_sweeper(self: &Arc<Self>, every: Duration) -> tokio::task::JoinHandle<()> {
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
+                if let Some(store) = weak.upgrade() {
+                    store.opener.prune(every);
+                }
                 loop {
                     let Some(store) = weak.upgrade() else { return };
                     match store.sweep(idemgate_core::record::now_millis()).await {
