@@ -43,6 +43,11 @@ struct Held {
     token: LeaseToken,
     lease: Duration,
     due: Instant,
+    /// Until when the lease is surely held, by this process's monotonic clock: a lease
+    /// measured from the moment its last successful write (the begin, or a renewal) was sent,
+    /// so a process that was paused or starved past it knows on waking (see
+    /// [`Renewer::valid_until`]).
+    valid_until: Instant,
 }
 
 impl<S> std::fmt::Debug for Renewer<S> {
@@ -72,8 +77,15 @@ impl<S: Store> Renewer<S> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Starts renewing `key` for `token`; the id stops it again.
-    pub(crate) fn hold(self: &Arc<Self>, key: &str, token: LeaseToken, lease: Duration) -> u64 {
+    /// Starts renewing `key` for `token`, whose lease was written by a call sent at `sent`; the
+    /// id stops it again.
+    pub(crate) fn hold(
+        self: &Arc<Self>,
+        key: &str,
+        token: LeaseToken,
+        lease: Duration,
+        sent: Instant,
+    ) -> u64 {
         if !self.started.swap(true, Ordering::AcqRel) {
             tokio::spawn(run(Arc::downgrade(self), self.wake.clone()));
         }
@@ -87,6 +99,7 @@ impl<S: Store> Renewer<S> {
                 token,
                 lease,
                 due,
+                valid_until: sent + lease,
             },
         );
         if state.wakes_at.is_none_or(|at| due < at) {
@@ -100,6 +113,12 @@ impl<S: Store> Renewer<S> {
     /// Stops renewing (the outcome is recorded, the lease is lost, or the execution is gone).
     pub(crate) fn release(&self, id: u64) {
         self.lock().held.remove(&id);
+    }
+
+    /// Until when the lease of `id` is surely held; `None` once it is lost (a renewal was
+    /// fenced) or released.
+    pub(crate) fn valid_until(&self, id: u64) -> Option<Instant> {
+        self.lock().held.get(&id).map(|h| h.valid_until)
     }
 
     /// Renews the due leases; returns when the next one is due.
@@ -120,9 +139,14 @@ impl<S: Store> Renewer<S> {
         for (id, key, token, lease) in due {
             let this = self.clone();
             tokio::spawn(async move {
+                let sent = Instant::now();
                 let until = now_millis() + u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
                 match this.store.renew(&key, token, until).await {
-                    Ok(()) => {}
+                    Ok(()) => {
+                        if let Some(held) = this.lock().held.get_mut(&id) {
+                            held.valid_until = held.valid_until.max(sent + lease);
+                        }
+                    }
                     Err(StoreError::Fenced(_)) => {
                         tracing::warn!(
                             "lease lost while the upstream was running; another attempt owns the key"
@@ -245,5 +269,47 @@ mod tests {
             .await,
             "{key}: renewal stopped with the other execution"
         );
+    }
+
+    /// A process stopped between acquiring a key and running the operation, past its lease,
+    /// knows on waking that the key may be another's (`Execution::lease_held`): the checker's
+    /// gateway that was `SIGSTOP`ped right after its `begin` executed again after a replica had
+    /// taken the key over and executed. Blocking the only runtime thread stops this process
+    /// as `SIGSTOP` would: no renewal runs.
+    #[tokio::test]
+    async fn an_execution_paused_past_its_lease_no_longer_holds_it() {
+        let store = Arc::new(MemoryStore::new(1 << 20));
+        let (engine, replica) = (Engine::new(store.clone()), Engine::new(store.clone()));
+        let fp = Fingerprint([9; 32]);
+        let Started::Execute(exec) = engine.begin("k", "r", fp, &policy(100)).await.unwrap() else {
+            panic!("expected to execute");
+        };
+        assert!(exec.lease_held(), "held right after begin");
+        std::thread::sleep(Duration::from_millis(150));
+        assert!(!exec.lease_held(), "the pause outlived the lease");
+        // What the check is for: meanwhile a replica may take the key over and execute.
+        assert!(matches!(
+            replica.begin("k", "r", fp, &policy(100)).await.unwrap(),
+            Started::Execute(_)
+        ));
+    }
+
+    /// Renewals keep an execution's lease held for as long as it runs.
+    #[tokio::test]
+    async fn renewals_keep_a_running_execution_holding_its_lease() {
+        let store = Arc::new(MemoryStore::new(1 << 20));
+        let engine = Engine::new(store);
+        let Started::Execute(exec) = engine
+            .begin("k", "r", Fingerprint([3; 32]), &policy(300))
+            .await
+            .unwrap()
+        else {
+            panic!("expected to execute");
+        };
+        // Twice the lease, renewed every 100 ms.
+        for _ in 0..6 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert!(exec.lease_held(), "renewed, so still held");
+        }
     }
 }

@@ -319,6 +319,16 @@ impl<St: Store> Once<St> {
                 return Err(OnceError::OutcomeUnknown { operation_id });
             }
         };
+        // Paused past the lease since `begin`: another caller may have taken the key over and
+        // run `f` (`Execution::lease_held`). The key is released if it is still ours.
+        if !exec.lease_held() {
+            let operation_id = exec.operation_id().to_owned();
+            record(exec, Outcome::NoResponse).await;
+            return Err(OnceError::InFlight {
+                operation_id,
+                retry_after: Duration::from_secs(1),
+            });
+        }
         let max = self.policy.max_response_bytes;
         let (tx, rx) = oneshot::channel();
         // A supervising task: it records the outcome even if this future is dropped.

@@ -4,6 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::{Finished, Outcome, Policy, is_final, millis};
 use crate::fingerprint::Fingerprint;
 use crate::lead::Lead;
@@ -30,6 +32,7 @@ pub struct Execution<S: Store> {
     renewer: Arc<Renewer<S>>,
     /// The lease renewal's id while it runs.
     renewal: Option<u64>,
+    lease: Duration,
     /// The key's lead on this process (`lead.rs`): dropped with the execution, after the
     /// outcome was handed over, it wakes any waiter that still needs the store.
     pub(super) lead: Option<Lead>,
@@ -41,11 +44,12 @@ impl<S: Store> Execution<S> {
         renewer: &Arc<Renewer<S>>,
         (fingerprint, route): (Fingerprint, &str),
         key: &str,
-        token: LeaseToken,
+        // The lease's token, and when the `begin` that wrote it was sent.
+        (token, sent): (LeaseToken, Instant),
         operation_id: String,
         policy: &Policy,
     ) -> Self {
-        let renewal = Some(renewer.hold(key, token, policy.lease));
+        let renewal = Some(renewer.hold(key, token, policy.lease, sent));
         Self {
             store,
             key: key.to_owned(),
@@ -57,6 +61,7 @@ impl<S: Store> Execution<S> {
             route: route.to_owned(),
             renewer: renewer.clone(),
             renewal,
+            lease: policy.lease,
             lead: None,
         }
     }
@@ -71,6 +76,26 @@ impl<S: Store> Execution<S> {
     #[must_use]
     pub fn operation_id(&self) -> &str {
         &self.operation_id
+    }
+
+    /// Whether the lease is still surely this execution's, with a tenth of the lease to spare:
+    /// ask right before the operation starts, and do not start it when this is false.
+    ///
+    /// Why: a process paused or starved between acquiring the key and calling the operation (a
+    /// `SIGSTOP`, a VM freeze, a long GC or swap stall) may wake after its lease ran out and
+    /// another replica, with `on_lease_expiry: retry`, took the key over and ran the operation.
+    /// The fencing token keeps the late owner from recording over the new one, but not from
+    /// running the operation a second time. The checker caught exactly that: a gateway
+    /// stopped for 1.8 s right after its `begin`, a retry on the other replica executed at
+    /// the lease's end, and the stopped one, resumed, executed again. The monotonic clock
+    /// keeps counting while a process is stopped, so the check sees the pause. The tenth
+    /// covers the clocks of replicas (each judges expiry by its own wall clock) and the moments
+    /// between this check and the request leaving. False also once a renewal was fenced.
+    #[must_use]
+    pub fn lease_held(&self) -> bool {
+        self.renewal
+            .and_then(|id| self.renewer.valid_until(id))
+            .is_some_and(|until| Instant::now() + self.lease / 10 < until)
     }
 
     /// Stores a final outcome or releases the key for a transient one.

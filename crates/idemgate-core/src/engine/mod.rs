@@ -282,6 +282,8 @@ impl<S: Store> Engine<S> {
             // (`begin_call.rs`). The memory store and the embedded store's takeover routes
             // decide on this task; the embedded store waits on its writer there only to replace
             // a dead record, which this does not cover.
+            // The lease starts no earlier than the call is sent (`Execution::lease_held`).
+            let sent = tokio::time::Instant::now();
             let answer = if self.store.remote() || !req.takeover {
                 BeginCall::new(&self.store, &self.background, key, &req).await
             } else {
@@ -294,7 +296,7 @@ impl<S: Store> Engine<S> {
                         &self.renewer,
                         (fingerprint, route),
                         key,
-                        token,
+                        (token, sent),
                         operation_id,
                         policy,
                     );

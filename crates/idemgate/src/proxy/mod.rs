@@ -365,7 +365,7 @@ impl Gateway {
                 call.body,
                 call.peer,
                 call.principal.as_ref(),
-                Some((&key, &op)),
+                Some((&key, &exec)),
             )
             .await;
         let resp = match upstream {
@@ -431,7 +431,7 @@ impl Gateway {
         body: Bytes,
         peer: SocketAddr,
         principal: Option<&Principal>,
-        dedup: Option<(&str, &str)>,
+        dedup: Option<(&str, &Execution<AnyStore>)>,
     ) -> Result<Response<UpstreamBody>, Problem> {
         let uri = upstream_uri(&route.upstream.base, &parts.uri)
             .map_err(|()| Problem::new(Kind::BadRequest, "the request target cannot be forwarded"))?;
@@ -449,14 +449,21 @@ impl Gateway {
             HeaderName::from_static("x-forwarded-proto"),
             HeaderValue::from_static("http"),
         );
-        if let Some((key, op)) = dedup {
+        if let Some((key, exec)) = dedup {
             // The upstream sees the namespaced key, so its own dedup (if any) is tenant-safe too.
             headers.insert(route.header.clone(), header_value(key));
-            headers.insert(OPERATION_ID, header_value(op));
+            headers.insert(OPERATION_ID, header_value(exec.operation_id()));
         }
         parts.uri = uri;
         parts.version = http::Version::HTTP_11;
         let req = Request::from_parts(parts, Full::new(body));
+        // As late as the request can be stopped: a gateway paused past its lease since `begin`
+        // must not run the operation another replica may have taken over and run.
+        if let Some((_, exec)) = dedup
+            && !exec.lease_held()
+        {
+            return Err(lease_lost());
+        }
         let timer = Instant::now();
         let answer = tokio::time::timeout(route.upstream.timeout, self.client.request(req)).await;
         self.metrics
@@ -475,6 +482,16 @@ impl Gateway {
             }
         }
     }
+}
+
+/// The answer when the lease ran out before the upstream was called (`Execution::lease_held`):
+/// the key may be another attempt's now, and a retry gets that attempt's outcome.
+fn lease_lost() -> Problem {
+    Problem::new(
+        Kind::RequestInFlight,
+        "the lease on this key ran out before the request reached the upstream; another attempt may hold it",
+    )
+    .retry_after(1)
 }
 
 impl Gateway {

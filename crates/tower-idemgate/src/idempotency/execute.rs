@@ -58,6 +58,20 @@ where
     P: Send + Sync + 'static,
 {
     let operation_id = exec.operation_id().to_owned();
+    // Paused past the lease since `begin`: another request may have taken the key over and run
+    // the handler (`Execution::lease_held`). The key is released if it is still ours.
+    if !exec.lease_held() {
+        if let Err(e) = exec.finish(Outcome::NoResponse).await {
+            tracing::warn!(error = %e, "could not release a key whose lease ran out");
+        }
+        return Ok(Problem::new(
+            ProblemKind::RequestInFlight,
+            "the lease on this key ran out before the request reached the handler; another attempt may hold it",
+        )
+        .operation(operation_id)
+        .retry_after(1)
+        .into_response());
+    }
     req.extensions_mut().insert(IdempotencyInfo {
         key,
         operation_id: operation_id.clone(),
