@@ -187,7 +187,7 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use crate::engine::{Engine, Policy, Started};
+    use crate::engine::{Engine, LeaseExpiry, Policy, Started};
     use crate::fingerprint::Fingerprint;
     use crate::memory::MemoryStore;
     use crate::record::{Millis, RecordState, now_millis};
@@ -292,6 +292,16 @@ mod tests {
             replica.begin("k", "r", fp, &policy(100)).await.unwrap(),
             Started::Execute(_)
         ));
+        // With `on_lease_expiry: fail` nobody takes a key over, so nothing is refused.
+        let fail = Policy {
+            on_lease_expiry: LeaseExpiry::Fail,
+            ..policy(100)
+        };
+        let Started::Execute(exec) = engine.begin("f", "r", fp, &fail).await.unwrap() else {
+            panic!("expected to execute");
+        };
+        std::thread::sleep(Duration::from_millis(150));
+        assert!(exec.lease_held(), "no takeover on a fail route");
     }
 
     /// Renewals keep an execution's lease held for as long as it runs.

@@ -246,8 +246,15 @@ pub fn release(existing: Option<&Record>, token: LeaseToken) -> Result<Write, Fe
 pub fn renew(existing: Option<&Record>, token: LeaseToken, lease_until: Millis) -> Result<Write, Fenced> {
     match existing {
         Some(rec) => match rec.state {
-            RecordState::InFlight { token: t, .. } if t == token => {
+            RecordState::InFlight {
+                token: t,
+                lease_until: held,
+            } if t == token => {
                 let mut renewed = rec.clone();
+                // Never shortened: renewals may overlap or land late (a retried or delayed
+                // call), and the owner counts on the latest one it saw succeed
+                // (`Execution::lease_held`).
+                let lease_until = lease_until.max(held);
                 renewed.state = RecordState::InFlight { token, lease_until };
                 renewed.expires_at = renewed.expires_at.max(lease_until);
                 Ok(Write::Put(renewed))

@@ -48,6 +48,8 @@ pub enum Error {
     ConnectTimeout,
     /// The HTTP exchange failed.
     Http(hyper::Error),
+    /// The caller withdrew the request before it was sent (see [`Upstreams::request_unless`]).
+    Withdrawn,
 }
 
 impl fmt::Display for Error {
@@ -57,6 +59,7 @@ impl fmt::Display for Error {
             Self::Connect(e) => write!(f, "cannot connect: {e}"),
             Self::ConnectTimeout => f.write_str("connect timed out"),
             Self::Http(e) => write!(f, "{e}"),
+            Self::Withdrawn => f.write_str("withdrawn before it was sent"),
         }
     }
 }
@@ -112,7 +115,21 @@ impl Upstreams {
     ///
     /// # Errors
     /// A bad target, a failed connect, or a failed exchange.
-    pub async fn request(&self, mut req: Request<Full<Bytes>>) -> Result<Response<UpstreamBody>, Error> {
+    pub async fn request(&self, req: Request<Full<Bytes>>) -> Result<Response<UpstreamBody>, Error> {
+        self.request_unless(req, &|| false).await
+    }
+
+    /// [`Upstreams::request`], unless `withdrawn` says so right before the request is written
+    /// (after any wait for a connection): then nothing is sent and the answer is
+    /// [`Error::Withdrawn`]. For an owner whose lease may have run out meanwhile.
+    ///
+    /// # Errors
+    /// As [`Upstreams::request`], and [`Error::Withdrawn`].
+    pub async fn request_unless(
+        &self,
+        mut req: Request<Full<Bytes>>,
+        withdrawn: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Response<UpstreamBody>, Error> {
         let authority = target(req.uri())?;
         let (mut pooled, host) = self.inner.checkout(&authority);
         req.headers_mut().entry(header::HOST).or_insert(host);
@@ -133,6 +150,11 @@ impl Upstreams {
             {
                 pooled = self.inner.checkout(&authority).0;
                 continue;
+            }
+            if withdrawn() {
+                // Unused: back to the pool (a fresh one was just opened for this request).
+                self.inner.checkin(&authority, conn);
+                return Err(Error::Withdrawn);
             }
             match conn.try_send_request(req).await {
                 Ok(resp) => {

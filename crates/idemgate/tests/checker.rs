@@ -668,18 +668,18 @@ async fn postgres_recovers_when_opening_a_connection_outlasts_the_store_timeout(
 /// A finding of the checker, held: a gateway that gets a key's `begin` back only after the
 /// lease it took has run out does not call the upstream, since another replica may already
 /// have taken the key over and executed (the checker saw a gateway stopped right after its
-/// `begin` execute a second time on waking). Here the lease is 300 ms and the store's answer
-/// takes 400 ms there and back; the gateway answers 409 and releases the key, and the retry
-/// executes once.
+/// `begin` execute a second time on waking). Here the lease is 100 ms and the store's answer
+/// takes 140 ms there and back (well inside the store's 500 ms timeout); the gateway answers
+/// 409 and releases the key, and the retry executes once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_begin_answered_after_its_lease_ran_out_does_not_execute() {
     let Some((_redis, up, proxy, store)) = redis_behind_a_proxy().await else {
         return;
     };
-    let gw = start_gateway_with(&up, &store, "  lease: 300ms\n  wait_timeout: 1500ms\n").await;
+    let gw = start_gateway_with(&up, &store, "  lease: 100ms\n  wait_timeout: 1500ms\n").await;
     let w = Writer::new(&gw);
     w.warm_up().await;
-    proxy.set(Fault::Delay(Duration::from_millis(200)));
+    proxy.set(Fault::Delay(Duration::from_millis(70)));
     let late = w.send("late", Duration::from_secs(5)).await.unwrap();
     let status = late.status().as_u16();
     let body = late.text().await.unwrap();

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Finished, Outcome, Policy, is_final, millis};
+use super::{Finished, LeaseExpiry, Outcome, Policy, is_final, millis};
 use crate::fingerprint::Fingerprint;
 use crate::lead::Lead;
 use crate::notify::Handoff;
@@ -33,6 +33,8 @@ pub struct Execution<S: Store> {
     /// The lease renewal's id while it runs.
     renewal: Option<u64>,
     lease: Duration,
+    /// `on_lease_expiry: retry`: another attempt may take the key over once the lease ends.
+    takeover: bool,
     /// The key's lead on this process (`lead.rs`): dropped with the execution, after the
     /// outcome was handed over, it wakes any waiter that still needs the store.
     pub(super) lead: Option<Lead>,
@@ -44,7 +46,8 @@ impl<S: Store> Execution<S> {
         renewer: &Arc<Renewer<S>>,
         (fingerprint, route): (Fingerprint, &str),
         key: &str,
-        // The lease's token, and when the `begin` that wrote it was sent.
+        // The lease's token, and an instant no later than the wall-clock time its end was
+        // computed from.
         (token, sent): (LeaseToken, Instant),
         operation_id: String,
         policy: &Policy,
@@ -62,6 +65,7 @@ impl<S: Store> Execution<S> {
             renewer: renewer.clone(),
             renewal,
             lease: policy.lease,
+            takeover: policy.on_lease_expiry == LeaseExpiry::Retry,
             lead: None,
         }
     }
@@ -81,18 +85,25 @@ impl<S: Store> Execution<S> {
     /// Whether the lease is still surely this execution's, with a tenth of the lease to spare:
     /// ask right before the operation starts, and do not start it when this is false.
     ///
-    /// Why: a process paused or starved between acquiring the key and calling the operation (a
-    /// `SIGSTOP`, a VM freeze, a long GC or swap stall) may wake after its lease ran out and
-    /// another replica, with `on_lease_expiry: retry`, took the key over and ran the operation.
-    /// The fencing token keeps the late owner from recording over the new one, but not from
-    /// running the operation a second time. The checker caught exactly that: a gateway
-    /// stopped for 1.8 s right after its `begin`, a retry on the other replica executed at
-    /// the lease's end, and the stopped one, resumed, executed again. The monotonic clock
-    /// keeps counting while a process is stopped, so the check sees the pause. The tenth
-    /// covers the clocks of replicas (each judges expiry by its own wall clock) and the moments
-    /// between this check and the request leaving. False also once a renewal was fenced.
+    /// Why: a process stopped or starved between acquiring the key and calling the operation
+    /// (a `SIGSTOP`, a long stall), or a store answer slower than the lease, may resume after
+    /// the lease ran out and another attempt, with `on_lease_expiry: retry`, took the key over
+    /// and ran the operation. The fencing token keeps the late owner from recording over the
+    /// new one, but not from running the operation a second time. The checker caught exactly
+    /// that: a gateway stopped for 1.8 s right after its `begin`, a retry on the other replica
+    /// executed at the lease's end, and the stopped one, resumed, executed again. The
+    /// lease is counted on the monotonic clock from an instant no later than the wall-clock
+    /// time the store computed its end from (the `begin`, then each successful renewal; stores
+    /// never shorten a lease), so a stop of this process shows. The tenth covers the wall
+    /// clocks of replicas (each judges expiry by its own; they must agree within it) and the
+    /// moment between this check and the request leaving. A suspended or frozen machine whose
+    /// monotonic clock stops is not seen. False also once a renewal was fenced. Always true
+    /// with `on_lease_expiry: fail`: nobody takes such a key over.
     #[must_use]
     pub fn lease_held(&self) -> bool {
+        if !self.takeover {
+            return true;
+        }
         self.renewal
             .and_then(|id| self.renewer.valid_until(id))
             .is_some_and(|until| Instant::now() + self.lease / 10 < until)

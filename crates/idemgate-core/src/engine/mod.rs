@@ -208,7 +208,10 @@ impl<S: Store> Engine<S> {
     ) -> Result<Started<S>, StoreError> {
         let token = LeaseToken::random();
         // One clock read serves the id's timestamp, the deadline and the first round (each
-        // read is a measurable share of a replay).
+        // read is a measurable share of a replay). The monotonic clock is read first: a lease
+        // the store computes from the wall-clock time ends no earlier than this instant plus
+        // the lease (`Execution::lease_held`).
+        let start_at = tokio::time::Instant::now();
         let start = now_millis();
         let operation_id = OperationId::fresh(start);
         let wait_until = start + millis(policy.wait_timeout);
@@ -221,10 +224,10 @@ impl<S: Store> Engine<S> {
         let mut gate = waits;
         let mut first_round = true;
         loop {
-            let now = if std::mem::take(&mut first_round) {
-                start
+            let (at, now) = if std::mem::take(&mut first_round) {
+                (start_at, start)
             } else {
-                now_millis()
+                (tokio::time::Instant::now(), now_millis())
             };
             // One store call per key on this process (`lead.rs`): if another request here holds
             // the key's lead, wait for its hand-off instead of asking the store. Past the
@@ -282,8 +285,6 @@ impl<S: Store> Engine<S> {
             // (`begin_call.rs`). The memory store and the embedded store's takeover routes
             // decide on this task; the embedded store waits on its writer there only to replace
             // a dead record, which this does not cover.
-            // The lease starts no earlier than the call is sent (`Execution::lease_held`).
-            let sent = tokio::time::Instant::now();
             let answer = if self.store.remote() || !req.takeover {
                 BeginCall::new(&self.store, &self.background, key, &req).await
             } else {
@@ -296,7 +297,7 @@ impl<S: Store> Engine<S> {
                         &self.renewer,
                         (fingerprint, route),
                         key,
-                        (token, sent),
+                        (token, at),
                         operation_id,
                         policy,
                     );

@@ -99,7 +99,7 @@ pub const RELEASE: &str = "WITH d AS (
 SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM (SELECT pg_notify($3, $1) FROM d WHERE waiters) n)";
 
 /// `rules::renew` in full: no row means the token does not own an in-flight record (fenced).
-pub const RENEW: &str = "UPDATE idemgate_records SET lease_until = $3, expires_at = GREATEST(expires_at, $3)
+pub const RENEW: &str = "UPDATE idemgate_records SET lease_until = GREATEST(lease_until, $3), expires_at = GREATEST(expires_at, $3)
     WHERE key = $1 AND token = $2 AND state = 0";
 
 pub const GET: &str = concat!("SELECT ", columns!(), " FROM idemgate_records WHERE key = $1");

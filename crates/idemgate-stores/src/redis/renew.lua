@@ -10,7 +10,8 @@ if tonumber(ARGV[2]) > tonumber(string.sub(h, 4, 23)) then
   if ARGV[3] ~= '0' then
     redis.call('PEXPIREAT', KEYS[1], ARGV[3])
   end
-else
+elseif tonumber(ARGV[2]) > tonumber(string.sub(h, 24, 43)) then
+  -- Never shortened: renewals may overlap or land late (rules::renew).
   redis.call('SETRANGE', KEYS[1], 23, ARGV[2])
 end
 return 'ok'

@@ -41,6 +41,22 @@ impl Gateway {
     }
 }
 
+impl Gateway {
+    /// Releases an execution that never called the upstream because its lease ran out: a
+    /// fenced answer (another attempt owns the key now) is the expected case; any other store
+    /// error leaves the key to its lease's end, as nothing ran.
+    pub(super) async fn release_quietly(&self, mut exec: Execution<AnyStore>) {
+        let timer = Instant::now();
+        let result = exec.try_finish(&Outcome::NoResponse).await;
+        self.metrics
+            .store_latency("release", timer.elapsed().as_secs_f64());
+        match result {
+            Ok(_) | Err(StoreError::Fenced(_)) => {}
+            Err(e) => tracing::warn!(error = %e, "could not release a key whose lease ran out"),
+        }
+    }
+}
+
 /// How long an outcome the client already has is retried into a failing store.
 const RECORD_PATIENCE: Duration = Duration::from_secs(600);
 

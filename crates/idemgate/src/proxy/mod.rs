@@ -370,6 +370,14 @@ impl Gateway {
             .await;
         let resp = match upstream {
             Ok(resp) => resp,
+            Err(problem) if problem.kind == Kind::RequestInFlight => {
+                // The lease ran out before the upstream was called (`lease_lost`): released if
+                // still ours; refused (fenced) when another attempt took the key over, which
+                // is what the check is for, not an error.
+                tracing::warn!("the lease ran out before the upstream was called; not called");
+                self.release_quietly(exec).await;
+                return Err(problem.operation(op));
+            }
             Err(problem) => {
                 self.finish(exec, Outcome::NoResponse).await;
                 return Err(problem.operation(op));
@@ -457,19 +465,21 @@ impl Gateway {
         parts.uri = uri;
         parts.version = http::Version::HTTP_11;
         let req = Request::from_parts(parts, Full::new(body));
-        // As late as the request can be stopped: a gateway paused past its lease since `begin`
-        // must not run the operation another replica may have taken over and run.
-        if let Some((_, exec)) = dedup
-            && !exec.lease_held()
-        {
-            return Err(lease_lost());
-        }
+        // Asked right before the request is written, after any wait for a connection: a
+        // gateway paused past its lease since `begin` must not run the operation another
+        // replica may have taken over and run (`Execution::lease_held`).
+        let withdrawn = || dedup.is_some_and(|(_, exec)| !exec.lease_held());
         let timer = Instant::now();
-        let answer = tokio::time::timeout(route.upstream.timeout, self.client.request(req)).await;
+        let answer = tokio::time::timeout(
+            route.upstream.timeout,
+            self.client.request_unless(req, &withdrawn),
+        )
+        .await;
         self.metrics
             .upstream_latency(&route.id, timer.elapsed().as_secs_f64());
         match answer {
             Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(crate::upstream::Error::Withdrawn)) => Err(lease_lost()),
             Ok(Err(e)) => {
                 tracing::warn!(upstream = %route.upstream.name, error = %e, "upstream request failed");
                 Err(
