@@ -235,6 +235,26 @@ pub async fn renew_extends_lease<S: Store>(store: Arc<S>) {
     );
 }
 
+/// A renewal never shortens a lease: renewals may overlap or land late (a resent or delayed
+/// call), and the owner counts on the latest one it saw succeed (`Execution::lease_held`).
+pub async fn renew_never_shortens_lease<S: Store>(store: Arc<S>) {
+    let key = unique_key("renew-late");
+    let now = now_millis();
+    let owner = LeaseToken::random();
+    assert_acquired(&store.begin(&key, &req(owner, fp(1), now, true)).await.unwrap());
+    store.renew(&key, owner, now + 5_000).await.unwrap();
+    // An older renewal, landing after the newer one.
+    store.renew(&key, owner, now + 2_000).await.unwrap();
+    let b = store
+        .begin(&key, &req(LeaseToken::random(), fp(1), now + 3_000, true))
+        .await
+        .unwrap();
+    assert!(
+        matches!(b, Begin::InFlight { .. }),
+        "the later lease end holds: {b:?}"
+    );
+}
+
 /// Release frees the key for the next attempt.
 pub async fn release_frees_key<S: Store>(store: Arc<S>) {
     let key = unique_key("release");
@@ -406,7 +426,7 @@ macro_rules! store_conformance {
     ($make:expr) => {
         $crate::store_conformance!(@tests $make;
             concurrent_begin_race, concurrent_takeover_race, replay_and_mismatch, lease_expiry_takeover_and_fencing,
-            no_takeover_records_never_expire, renew_extends_lease, release_frees_key, retention_expiry,
+            no_takeover_records_never_expire, renew_extends_lease, renew_never_shortens_lease, release_frees_key, retention_expiry,
             retried_operations_are_idempotent, large_values, purge,
             waiters_woken_on_complete_and_release);
     };
