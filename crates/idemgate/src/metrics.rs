@@ -329,6 +329,7 @@ impl Metrics {
                 );
             }
             Some(Kind::KeyReused) => conflict("key_reused"),
+            Some(Kind::RequestInFlight) if log.outcome == "lease_lost" => conflict("lease_lost"),
             Some(Kind::RequestInFlight) => conflict("in_flight"),
             Some(Kind::OutcomeUnknown) => conflict("outcome_unknown"),
             Some(Kind::ResponseNotRetained) => conflict("not_retained"),

@@ -689,6 +689,9 @@ async fn a_begin_answered_after_its_lease_ran_out_does_not_execute() {
         up.execs.of("t-*:*:*:late").is_empty(),
         "the upstream was not called"
     );
+    // Operators see it: the access log's outcome (and the conflict counter's reason).
+    let log = gw.log();
+    assert!(log.contains("\"outcome\":\"lease_lost\""), "access log:\n{log}");
     proxy.set(Fault::Pass);
     assert_eq!(
         w.status("late").await,

@@ -304,6 +304,10 @@ impl Gateway {
                 };
                 let (resp, stored) = Detached::new(execution, &self.tasks).await;
                 log.stored = stored;
+                if resp.as_ref().is_err_and(|p| p.kind == Kind::RequestInFlight) {
+                    // The lease ran out before the upstream was called: nothing executed.
+                    log.outcome = "lease_lost";
+                }
                 resp
             }
             Started::Replay {
