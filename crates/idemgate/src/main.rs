@@ -227,6 +227,7 @@ fn run(config: Config) -> ExitCode {
             None => None,
         };
         tracing::info!(listen = %config.listen, store = ?config.store.kind, "idemgate listening");
+        warn_short_leases(&config);
         let gateway = Arc::new(Gateway::new(config, store));
         // SPEC 9: route retentions onto Restate services (background, retried, logged).
         tokio::spawn(idemgate::restate::apply_retention(gateway.clone()));
@@ -345,4 +346,23 @@ fn records_offline(config: Option<&std::path::Path>, key: &str, purge: bool) -> 
             }))
         }
     })
+}
+
+/// Warns of routes whose lease is not comfortably longer than a store call may take: an owner
+/// does not call the upstream once less than a tenth of its lease is left (docs/lifecycle.md),
+/// so there a `begin` slower than most of the lease answers `409` (`lease_lost`) instead.
+fn warn_short_leases(config: &idemgate::config::Config) {
+    for route in config.routes.iter() {
+        let engine = &route.engine;
+        if engine.on_lease_expiry == idemgate_core::engine::LeaseExpiry::Retry
+            && engine.lease < config.store.timeout * 2
+        {
+            tracing::warn!(
+                route = %route.id,
+                lease = ?engine.lease,
+                store_timeout = ?config.store.timeout,
+                "lease shorter than twice store.timeout: a slow store call may end in 409 lease_lost"
+            );
+        }
+    }
 }

@@ -692,6 +692,11 @@ async fn a_begin_answered_after_its_lease_ran_out_does_not_execute() {
     // Operators see it: the access log's outcome (and the conflict counter's reason).
     let log = gw.log();
     assert!(log.contains("\"outcome\":\"lease_lost\""), "access log:\n{log}");
+    // And the configuration was called out at start: a 100 ms lease against a 500 ms bound.
+    assert!(
+        log.contains("lease shorter than twice store.timeout"),
+        "log:\n{log}"
+    );
     proxy.set(Fault::Pass);
     assert_eq!(
         w.status("late").await,
