@@ -163,3 +163,107 @@ async fn oversized_request_bodies_are_413() {
     assert_eq!(app.executions.get(), 0);
     assert!(store.is_empty());
 }
+
+/// A memory store whose `begin` answers only after `delay` while `slow` is set: a store answer
+/// slower than the lease, as a paused process sees one.
+struct SlowBegin {
+    inner: MemoryStore,
+    slow: std::sync::atomic::AtomicBool,
+    delay: std::time::Duration,
+}
+
+impl SlowBegin {
+    fn new(delay: std::time::Duration) -> Arc<Self> {
+        Arc::new(Self {
+            inner: MemoryStore::new(1 << 20),
+            slow: true.into(),
+            delay,
+        })
+    }
+
+    fn fast(&self) {
+        self.slow.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Store for SlowBegin {
+    async fn begin(&self, key: &str, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
+        let answer = self.inner.begin(key, req).await;
+        if self.slow.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(self.delay).await;
+        }
+        answer
+    }
+    async fn complete(
+        &self,
+        key: &str,
+        token: LeaseToken,
+        response: StoredResponse,
+        retention_ms: u64,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        self.inner.complete(key, token, response, retention_ms, now).await
+    }
+    async fn release(&self, key: &str, token: LeaseToken) -> Result<(), StoreError> {
+        self.inner.release(key, token).await
+    }
+    async fn renew(&self, key: &str, token: LeaseToken, until: Millis) -> Result<(), StoreError> {
+        self.inner.renew(key, token, until).await
+    }
+    async fn get(&self, key: &str, now: Millis) -> Result<Option<Record>, StoreError> {
+        self.inner.get(key, now).await
+    }
+    async fn purge(&self, key: &str) -> Result<bool, StoreError> {
+        self.inner.purge(key).await
+    }
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.inner.ping().await
+    }
+    fn notifier(&self) -> &Arc<Notifier> {
+        self.inner.notifier()
+    }
+}
+
+/// A `begin` answered after its lease ran out does not run the handler: another request may
+/// have taken the key over meanwhile (docs/lifecycle.md). The layer answers 409 and releases the
+/// key; the retry runs the handler once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_begin_answered_after_its_lease_ran_out_does_not_run_the_handler() {
+    let store = SlowBegin::new(std::time::Duration::from_millis(150));
+    let layer = IdempotencyLayer::new(store.clone())
+        .scope(Scope::Global)
+        .lease(std::time::Duration::from_millis(100));
+    let (url, app) = start(layer, Gate::opened()).await;
+    let key = common::key("late");
+    let send = || {
+        http()
+            .post(&url)
+            .header("idempotency-key", &key)
+            .body("{}")
+            .send()
+    };
+    let late = send().await.unwrap();
+    assert_eq!(late.status(), 409);
+    assert_eq!(late.headers()["retry-after"], "1");
+    assert_eq!(app.executions.get(), 0, "the handler did not run");
+    store.fast();
+    assert_eq!(send().await.unwrap().status(), 201, "released: the retry runs");
+    assert_eq!(app.executions.get(), 1);
+}
+
+/// The same for `once`: the closure does not run on a lease that ran out before it started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_does_not_run_on_a_lease_that_ran_out() {
+    use tower_idemgate::once::{Namespace, Once, OnceError, fingerprint};
+    let store = SlowBegin::new(std::time::Duration::from_millis(150));
+    let once = Once::new(store.clone()).lease(std::time::Duration::from_millis(100));
+    let (ns, token) = (Namespace::global("late"), common::key("late-once"));
+    let runs = Arc::new(Counter::default());
+    let run = |runs: Arc<Counter>| async move { Ok::<_, String>(runs.bump()) };
+    let late = once.run(&ns, &token, fingerprint(&1), run(runs.clone())).await;
+    assert!(matches!(late, Err(OnceError::InFlight { .. })), "{late:?}");
+    assert_eq!(runs.get(), 0, "the closure did not run");
+    store.fast();
+    let done = once.run(&ns, &token, fingerprint(&1), run(runs.clone())).await;
+    assert_eq!(done.unwrap(), 1, "released: the next call runs it");
+}
