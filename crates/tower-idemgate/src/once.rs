@@ -323,12 +323,7 @@ impl<St: Store> Once<St> {
         // run `f` (`Execution::lease_held`). The key is released if it is still ours.
         if !exec.lease_held() {
             let operation_id = exec.operation_id().to_owned();
-            tracing::warn!("once: the lease ran out before the closure ran; not run");
-            match exec.finish(Outcome::NoResponse).await {
-                // Fenced: another caller took the key over, the case this check is for.
-                Ok(_) | Err(StoreError::Fenced(_)) => {}
-                Err(e) => tracing::warn!(error = %e, "once: could not release a key whose lease ran out"),
-            }
+            exec.withdraw().await;
             return Err(OnceError::InFlight {
                 operation_id,
                 retry_after: Duration::from_secs(1),

@@ -109,6 +109,18 @@ impl<S: Store> Execution<S> {
             .is_some_and(|until| Instant::now() + self.lease / 10 < until)
     }
 
+    /// Gives the key back without running the operation, because [`Execution::lease_held`]
+    /// said no: released if it is still ours. When another attempt took the key over, the
+    /// release is fenced, which is the case the check is for and not an error; any other store
+    /// error leaves the key to its lease's end (nothing ran). Logs both.
+    pub async fn withdraw(self) {
+        tracing::warn!("the lease ran out before the operation was called; not called");
+        match self.finish(Outcome::NoResponse).await {
+            Ok(_) | Err(StoreError::Fenced(_)) => {}
+            Err(e) => tracing::warn!(error = %e, "could not release a key whose lease ran out"),
+        }
+    }
+
     /// Stores a final outcome or releases the key for a transient one.
     ///
     /// # Errors

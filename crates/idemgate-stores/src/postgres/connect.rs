@@ -19,7 +19,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use deadpool_postgres::Connect;
+use deadpool_postgres::{ConfigConnectImpl, Connect};
 use futures_util::future::BoxFuture;
 use tokio::sync::{Notify, Semaphore, oneshot};
 use tokio::task::JoinHandle;
@@ -113,7 +113,9 @@ impl Opener {
         let opener = self.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let Ok(result) = tokio::time::timeout(opener.bound, open(&pg)).await else {
+            // Deadpool's own connector, on this task: it opens and spawns the connection's driver.
+            let opening = ConfigConnectImpl { tls: NoTls };
+            let Ok(result) = tokio::time::timeout(opener.bound, opening.connect(&pg)).await else {
                 tracing::warn!(after = ?opener.bound, "opening a postgres connection did not finish; given up");
                 return;
             };
@@ -177,17 +179,6 @@ impl Connect for Connector {
     fn connect(&self, pg: &Config) -> BoxFuture<'_, Result<Opened, Error>> {
         Box::pin(self.0.clone().connect(pg.clone()))
     }
-}
-
-/// Opens one connection and spawns the task that drives it, as deadpool's own connector does.
-async fn open(pg: &Config) -> Result<Opened, Error> {
-    let (client, connection) = pg.connect(NoTls).await?;
-    let task = tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "postgres connection ended");
-        }
-    });
-    Ok((client, task))
 }
 
 #[cfg(test)]

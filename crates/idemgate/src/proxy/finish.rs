@@ -42,18 +42,12 @@ impl Gateway {
 }
 
 impl Gateway {
-    /// Releases an execution that never called the upstream because its lease ran out: a
-    /// fenced answer (another attempt owns the key now) is the expected case; any other store
-    /// error leaves the key to its lease's end, as nothing ran.
-    pub(super) async fn release_quietly(&self, mut exec: Execution<AnyStore>) {
+    /// [`Execution::withdraw`], timed like every release.
+    pub(super) async fn withdraw(&self, exec: Execution<AnyStore>) {
         let timer = Instant::now();
-        let result = exec.try_finish(&Outcome::NoResponse).await;
+        exec.withdraw().await;
         self.metrics
             .store_latency("release", timer.elapsed().as_secs_f64());
-        match result {
-            Ok(_) | Err(StoreError::Fenced(_)) => {}
-            Err(e) => tracing::warn!(error = %e, "could not release a key whose lease ran out"),
-        }
     }
 }
 

@@ -375,11 +375,8 @@ impl Gateway {
         let resp = match upstream {
             Ok(resp) => resp,
             Err(problem) if problem.kind == Kind::RequestInFlight => {
-                // The lease ran out before the upstream was called (`lease_lost`): released if
-                // still ours; refused (fenced) when another attempt took the key over, which
-                // is what the check is for, not an error.
-                tracing::warn!("the lease ran out before the upstream was called; not called");
-                self.release_quietly(exec).await;
+                // The lease ran out before the upstream was called (`lease_lost`).
+                self.withdraw(exec).await;
                 return Err(problem.operation(op));
             }
             Err(problem) => {

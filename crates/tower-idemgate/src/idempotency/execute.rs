@@ -61,12 +61,7 @@ where
     // Paused past the lease since `begin`: another request may have taken the key over and run
     // the handler (`Execution::lease_held`). The key is released if it is still ours.
     if !exec.lease_held() {
-        tracing::warn!("the lease ran out before the handler was called; not called");
-        match exec.finish(Outcome::NoResponse).await {
-            // Fenced: another request took the key over, the case this check is for.
-            Ok(_) | Err(idemgate_core::store::StoreError::Fenced(_)) => {}
-            Err(e) => tracing::warn!(error = %e, "could not release a key whose lease ran out"),
-        }
+        exec.withdraw().await;
         return Ok(Problem::new(
             ProblemKind::RequestInFlight,
             "the lease on this key ran out before the request reached the handler; another attempt may hold it",
