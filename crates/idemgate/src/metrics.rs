@@ -504,6 +504,28 @@ mod tests {
         }
     }
 
+    /// A 409 from a lease that ran out before the upstream was called counts apart from a
+    /// request that found its key in flight.
+    #[test]
+    fn a_lease_lost_refusal_is_its_own_conflict_reason() {
+        let metrics = Metrics::new(["r".into()], false);
+        for outcome in ["lease_lost", "executed"] {
+            let mut log = AccessLog::new(&http::Method::POST);
+            log.endpoint = Some("r".into());
+            log.case = "A";
+            log.outcome = outcome;
+            log.refusal = Some(Kind::RequestInFlight);
+            metrics.observe(&log, 409);
+        }
+        let text = metrics.render();
+        for line in [
+            "idempotency_conflict_total{endpoint=\"r\",reason=\"lease_lost\"} 1",
+            "idempotency_conflict_total{endpoint=\"r\",reason=\"in_flight\"} 1",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+
     /// Every metric the shipped dashboard and alert rules query is one the gateway exports.
     #[test]
     fn dashboard_and_alerts_use_only_exported_metrics() {
