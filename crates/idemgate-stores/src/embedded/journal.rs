@@ -9,12 +9,19 @@
 //! the benchmark machine, and the writer goes on with the next batch meanwhile.
 //!
 //! Every so often the writer makes a durable redb commit (a checkpoint) that records the
-//! sequence number of the last frame it covers and names a new random generation, and the
-//! journal starts again at offset 0 in that generation. Recovery replays, in order, the frames
-//! from offset 0 that belong to the generation the last checkpoint named and are numbered above
-//! it, and stops at the first frame that is torn (bad length or checksum), of another
-//! generation, or not numbered above the one before it: everything past that point was never
-//! acknowledged.
+//! sequence number of the last frame it covers, names a new random generation and one of the
+//! journal's two files, and the journal starts again at offset 0 of that file in that
+//! generation. Recovery replays, in order, the frames from offset 0 of the named file that
+//! belong to the named generation and are numbered above the checkpoint, and stops at the first
+//! frame that is torn (bad length or checksum), of another generation, or not numbered above
+//! the one before it: everything past that point was never acknowledged.
+//!
+//! Two files, used in turn, because a checkpoint's fsync is made after its commit, off the
+//! writer (`sync.rs`): until it is on disk, a crash recovers from the checkpoint before it,
+//! whose frames are in the other file and must stay there. The frames written meanwhile go to
+//! the named file, numbered on from the last frame of the other; so recovery, at the end of the
+//! run it replayed, goes on into the other file if that file starts with the very next number.
+//! A stale frame cannot pass for it: numbers only grow, across generations and restarts.
 //!
 //! Frame layout: `len: u32 | crc32(body): u32 | body`, where body is
 //! `generation: u64 | seq: u64 | key_len: u32 | key | value`, and an empty value is a delete
@@ -64,6 +71,22 @@ pub(super) fn encode(out: &mut Vec<u8>, generation: u64, seq: u64, key: &str, va
     out.extend_from_slice(value);
     let crc = crc32fast::hash(&out[start + HEADER..]);
     out[start + 4..start + HEADER].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// The frames recovery must replay, from the journal's two files: the run in `files[file]` (see
+/// [`read`]), then, if the other file starts with the next number, the run there: the frames
+/// written after a checkpoint whose fsync was still owed when the process stopped.
+pub(super) fn replay(files: [&[u8]; 2], file: usize, checkpoint: u64, generation: u64) -> (Vec<Frame>, u64) {
+    let (mut frames, highest) = read(files[file], checkpoint, generation);
+    let other = files[1 - file.min(1)];
+    match parse(other, 0) {
+        Some(next) if Some(next.seq) == highest.checked_add(1) => {
+            let (more, highest) = read(other, highest, next.generation);
+            frames.extend(more);
+            (frames, highest)
+        }
+        _ => (frames, highest),
+    }
 }
 
 /// The frames recovery must replay: the unbroken run from offset 0 of `generation`, keeping
@@ -128,7 +151,7 @@ fn parse(bytes: &[u8], at: usize) -> Option<Raw<'_>> {
     })
 }
 
-/// Opens (or creates) the journal file, preallocated with zeros, and returns it with what it
+/// Opens (or creates) one journal file, preallocated with zeros, and returns it with what it
 /// holds. The caller makes the directory entries durable ([`sync_dirs`]).
 pub(super) fn open(path: &Path) -> io::Result<(File, Vec<u8>)> {
     let file = std::fs::OpenOptions::new()
@@ -315,25 +338,26 @@ pub(super) enum Msg {
         last_seq: u64,
         replies: Vec<Reply>,
     },
-    /// A checkpoint covers every frame so far: the next frame goes to offset 0.
-    Wrap,
+    /// A checkpoint covers every frame so far: the next frame goes to offset 0 of this file.
+    Wrap(usize),
 }
 
 /// The journal thread: writes whatever is queued, one `fdatasync` for all of it (group
 /// commit), then answers the replies that waited for it.
+/// It starts at offset 0 of `files[0]`, the file the checkpoint at open named.
 pub(super) fn run(
-    file: &File,
+    files: &[File; 2],
     rx: &std::sync::mpsc::Receiver<Msg>,
     shared: &Arc<Shared>,
     notifier: &Notifier,
 ) {
     let _stop = BreakOnExit(shared.clone());
-    let mut offset = 0u64;
+    let (mut file, mut offset) = (0, 0u64);
     while let Ok(first) = rx.recv() {
         shared.set_syncing(true);
         let mut replies = Vec::new();
         let mut last = None;
-        let mut wrote = false;
+        let mut wrote = [false; 2];
         let mut result = shared.running();
         let mut grouped = 0;
         let mut next = Some(first);
@@ -345,26 +369,31 @@ pub(super) fn run(
                     replies: r,
                 } => {
                     if !frames.is_empty() && result.is_ok() {
-                        result = file.write_all_at(&frames, offset);
+                        result = files[file].write_all_at(&frames, offset);
                         offset += frames.len() as u64;
                         grouped += frames.len();
-                        wrote = true;
+                        wrote[file] = true;
                     }
                     last = Some(last_seq);
                     replies.extend(r);
                 }
-                Msg::Wrap => offset = 0,
+                Msg::Wrap(next) => (file, offset) = (next.min(1), 0),
             }
             if grouped < GROUP_BYTES {
                 next = rx.try_recv().ok();
             }
         }
-        if wrote && result.is_ok() {
-            result = file.sync_data();
+        // A group across a wrap syncs the file it left first: frames in the new file are
+        // replayed only after every frame before them (`replay`), and none is acknowledged
+        // before both syncs.
+        for i in [1 - file, file] {
+            if wrote[i] && result.is_ok() {
+                result = files[i].sync_data();
+            }
         }
         match result {
             Ok(()) => {
-                if wrote {
+                if wrote.contains(&true) {
                     shared.syncs.fetch_add(1, Ordering::Relaxed);
                 }
                 if let Some(last) = last {
@@ -474,6 +503,41 @@ mod tests {
             (vec![], 0),
             "a generation the checkpoint does not name (a journal beside another database file)"
         );
+    }
+
+    fn replayed(files: [&[u8]; 2], file: usize, checkpoint: u64, generation: u64) -> (Vec<u64>, u64) {
+        let (frames, highest) = replay(files, file, checkpoint, generation);
+        (frames.iter().map(|f| f.seq).collect(), highest)
+    }
+
+    /// A checkpoint at 20 named generation 2 in file 1, and its fsync was still owed when the
+    /// process stopped: redb comes back with the checkpoint before it (10, generation 1, file
+    /// 0), and the frames written since went to file 1.
+    #[test]
+    fn recovery_goes_on_into_the_other_file_from_the_next_number_only() {
+        let old = frames(1, 1..=20);
+        let new = frames(2, 21..=25);
+        assert_eq!(
+            replayed([&old, &new], 0, 10, 1),
+            ((11..=25).collect(), 25),
+            "the owed checkpoint never reached the disk: both files"
+        );
+        assert_eq!(
+            replayed([&old, &new], 1, 20, 2),
+            ((21..=25).collect(), 25),
+            "it did: file 1 alone"
+        );
+        // File 0 torn before 20: frames 21.. were never acknowledged (a group across a wrap is
+        // acknowledged after both files' syncs), and do not follow on.
+        let torn = &old[..frames(1, 1..=15).len() + 3];
+        assert_eq!(replayed([torn, &new], 0, 10, 1), ((11..=15).collect(), 15));
+        // A stale run in the other file (an older generation, lower numbers) is not followed.
+        let stale = frames(7, 3..=9);
+        assert_eq!(replayed([&old, &stale], 0, 10, 1), ((11..=20).collect(), 20));
+        assert_eq!(replayed([&new, &old], 0, 20, 2), ((21..=25).collect(), 25));
+        // Nothing after the checkpoint in its own file: the other file follows on from it.
+        assert_eq!(replayed([&[0; 64], &new], 0, 20, 1), ((21..=25).collect(), 25));
+        assert_eq!(replayed([&[0; 64], &[0; 64]], 0, 20, 1), (vec![], 20));
     }
 
     #[test]

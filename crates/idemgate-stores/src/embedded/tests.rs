@@ -108,6 +108,21 @@ async fn check_round(store: &EmbeddedStore, round: usize) {
     );
 }
 
+/// Opens the store in `dir` again once the dropped one's writer has stopped and let the
+/// database go.
+async fn reopen(dir: &std::path::Path) -> EmbeddedStore {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match EmbeddedStore::open(dir) {
+            Ok(store) => return store,
+            Err(e) => {
+                assert!(std::time::Instant::now() < deadline, "never reopened: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
 fn checkpointed(store: &EmbeddedStore) -> u64 {
     let txn = store.db.begin_read().unwrap();
     let meta = txn.open_table(META).unwrap();
@@ -136,6 +151,73 @@ async fn abort_child() {
     write_round(&store, round, || paused.store(true, Ordering::SeqCst)).await;
     println!("checkpoints {before} {}", checkpointed(&store));
     std::process::abort();
+}
+
+/// A periodic checkpoint leaves its fsync to the sync thread: outcomes go on being acknowledged
+/// while it is owed, the next checkpoint makes it first if the sync thread has not, and the
+/// journal alternates between its two files. Reopened, the store has every outcome.
+#[tokio::test]
+async fn a_checkpoint_fsync_is_owed_off_the_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = Checkpoints {
+        bytes: 2048,
+        every: Duration::from_secs(3600),
+        ..CHECKPOINTS.clone()
+    };
+    let store = EmbeddedStore::open_with(dir.path(), small).unwrap();
+    let file = |store: &EmbeddedStore| {
+        let txn = store.db.begin_read().unwrap();
+        let meta = txn.open_table(META).unwrap();
+        meta.get(JOURNAL_FILE).unwrap().map_or(0, |v| v.value())
+    };
+    assert_eq!(file(&store), 0, "the journal starts in file 0");
+    store.sync.hold(true);
+    let complete = |i: usize| {
+        let store = &store;
+        async move {
+            let (key, token) = (format!("k{i}"), LeaseToken::random());
+            store.begin(&key, &req(token, 0)).await.unwrap();
+            store.complete(&key, token, body(0, i), 5_000, 0).await.unwrap();
+        }
+    };
+    let mut i = 0;
+    let first = checkpointed(&store);
+    while checkpointed(&store) == first {
+        complete(i).await;
+        i += 1;
+        assert!(i < 1_000, "no checkpoint after {i} outcomes");
+    }
+    assert!(store.sync.is_owed(), "the checkpoint's fsync was left owed");
+    assert_eq!(file(&store), 1, "the frames after it go to the other file");
+    // Acknowledged while the checkpoint's fsync is owed (fewer than a checkpoint's worth).
+    complete(i).await;
+    i += 1;
+    assert!(store.sync.is_owed());
+    // The next checkpoint makes the owed fsync itself, then owes its own.
+    let second = checkpointed(&store);
+    while checkpointed(&store) == second {
+        complete(i).await;
+        i += 1;
+        assert!(i < 2_000, "no second checkpoint after {i} outcomes");
+    }
+    assert_eq!(file(&store), 0, "and back to file 0");
+    store.sync.hold(false);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while store.sync.is_owed() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sync thread never made the owed fsync"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(store);
+    let store = reopen(dir.path()).await;
+    for k in 0..i {
+        match store.begin(&format!("k{k}"), &req(LeaseToken::random(), 0)).await {
+            Ok(Begin::Replay(_)) => {}
+            other => panic!("outcome {k} of {i}: {other:?}"),
+        }
+    }
 }
 
 #[test]
@@ -460,17 +542,7 @@ async fn a_failed_commit_stops_the_store_until_a_restart() {
     assert!(store.begin("y", &req(LeaseToken::random(), 0)).await.is_err());
     assert!(store.ping().await.is_err());
     drop(store);
-    // The old writer lets the database go once it has stopped.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let store = loop {
-        match EmbeddedStore::open(dir.path()) {
-            Ok(store) => break store,
-            Err(e) => {
-                assert!(std::time::Instant::now() < deadline, "never reopened: {e}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
+    let store = reopen(dir.path()).await;
     match store.begin("done", &req(LeaseToken::random(), 1)).await {
         Ok(Begin::Replay(rec)) => {
             assert!(matches!(rec.state, RecordState::Completed { response, .. } if response == ok))

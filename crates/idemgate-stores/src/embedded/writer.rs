@@ -15,8 +15,8 @@ use tokio::sync::mpsc;
 use super::reserved::{Entry, Reserved, State};
 use super::snapshot::Snapshot;
 use super::{
-    Checkpoints, EXPIRY, JOURNAL_GEN, JOURNAL_SEQ, MAX_BATCH, META, Op, RECORDS, Reply, SWEEP_BATCH, decode,
-    encode, journal,
+    Checkpoints, EXPIRY, JOURNAL_FILE, JOURNAL_GEN, JOURNAL_SEQ, MAX_BATCH, META, Op, RECORDS, Reply,
+    SWEEP_BATCH, decode, encode, journal, sync,
 };
 
 /// The longest the writer waits for the journal's current group before applying a batch.
@@ -30,6 +30,8 @@ type StandIn = (String, LeaseToken, State);
 struct Frames {
     buf: Vec<u8>,
     generation: u64,
+    /// The journal file they go to (0 or 1).
+    file: usize,
     /// The last sequence number handed out.
     seq: u64,
 }
@@ -62,6 +64,8 @@ pub(super) struct Writer {
     journal_thread: std::thread::JoinHandle<()>,
     frames: Frames,
     checkpoints: Checkpoints,
+    /// redb's file: a periodic checkpoint leaves its fsync owed to the sync thread.
+    control: Arc<sync::Control>,
 }
 
 impl Writer {
@@ -76,7 +80,7 @@ impl Writer {
             std::thread::JoinHandle<()>,
         ),
         (seq, generation): (u64, u64),
-        checkpoints: Checkpoints,
+        (checkpoints, control): (Checkpoints, Arc<sync::Control>),
     ) -> Self {
         Self {
             db,
@@ -90,16 +94,20 @@ impl Writer {
             frames: Frames {
                 buf: Vec::new(),
                 generation,
+                file: 0,
                 seq,
             },
             checkpoints,
+            control,
         }
     }
 
     /// Drains the queue into batches until every sender is gone, then makes a last checkpoint.
     pub(super) fn run(mut self, mut rx: mpsc::UnboundedReceiver<Op>) {
-        // However this thread ends (a panic included), readers waiting for the disk are told.
+        // However this thread ends (a panic included), readers waiting for the disk are told,
+        // and the sync thread ends once nothing is owed.
         let _stop = journal::BreakOnExit(self.shared.clone());
+        let _sync = StopSync(self.control.clone());
         let mut batch = Vec::with_capacity(MAX_BATCH);
         let mut since_checkpoint = (0u64, Instant::now());
         while let Some(first) = rx.blocking_recv() {
@@ -120,11 +128,12 @@ impl Writer {
             let (bytes, at) = since_checkpoint;
             let due =
                 bytes >= self.checkpoints.bytes || (bytes > 0 && at.elapsed() >= self.checkpoints.every);
-            if due && !self.checkpoints.paused() && self.checkpoint() {
+            if due && !self.checkpoints.paused() && self.checkpoint(true) {
                 since_checkpoint = (0, Instant::now());
             }
         }
-        self.checkpoint();
+        // The last one is made durable here: nothing runs after it to make it so.
+        self.checkpoint(false);
         self.snapshot.clear();
         let Self {
             journal,
@@ -230,28 +239,44 @@ impl Writer {
     }
 
     /// A durable redb commit that records the last journaled sequence number, after which the
-    /// journal starts over at offset 0 in a new generation. Returns whether it succeeded.
-    fn checkpoint(&mut self) -> bool {
-        let (seq, next, started) = (self.frames.seq, new_generation(), Instant::now());
-        if let Err(e) = write_checkpoint(&self.db, seq, next) {
+    /// journal starts over at offset 0 of its other file in a new generation. With `owed`, its
+    /// fsync is left to the sync thread (`sync.rs`). Returns whether it succeeded.
+    fn checkpoint(&mut self, owed: bool) -> bool {
+        let (seq, next, file) = (self.frames.seq, new_generation(), 1 - self.frames.file);
+        let started = Instant::now();
+        // The file the journal goes to holds the frames the previous checkpoint covers, which a
+        // crash needs until that checkpoint is on disk. It almost always is by now.
+        if let Err(e) = self.control.settle() {
             tracing::error!(error = %e, "embedded store checkpoint failed");
             return false;
         }
-        tracing::debug!(seq, took = ?started.elapsed(), "embedded store checkpoint");
+        let committed = if owed {
+            self.control
+                .deferring(|| write_checkpoint(&self.db, seq, next, file))
+        } else {
+            write_checkpoint(&self.db, seq, next, file)
+        };
+        if let Err(e) = committed {
+            tracing::error!(error = %e, "embedded store checkpoint failed");
+            return false;
+        }
+        tracing::debug!(seq, owed, took = ?started.elapsed(), "embedded store checkpoint");
         self.frames.generation = next;
-        let _ = self.journal.send(journal::Msg::Wrap);
+        self.frames.file = file;
+        let _ = self.journal.send(journal::Msg::Wrap(file));
         true
     }
 }
 
 /// A durable commit of the journal position: every frame up to `seq` is in redb, and frames
-/// from here on belong to generation `next`, the only one recovery will replay.
-fn write_checkpoint(db: &Database, seq: u64, next: u64) -> Result<(), redb::Error> {
+/// from here on belong to generation `next`, in journal file `file`, where recovery starts.
+fn write_checkpoint(db: &Database, seq: u64, next: u64, file: usize) -> Result<(), redb::Error> {
     let txn = db.begin_write()?;
     {
         let mut meta = txn.open_table(META)?;
         meta.insert(JOURNAL_SEQ, seq)?;
         meta.insert(JOURNAL_GEN, next)?;
+        meta.insert(JOURNAL_FILE, file as u64)?;
     }
     txn.commit()?;
     Ok(())
@@ -302,17 +327,19 @@ fn apply_batch(
 /// continue from and how many frames were replayed. Only the generation the last checkpoint
 /// named is replayed: a journal beside another database file (a lost or restored
 /// `records.redb`) replays nothing.
-pub(super) fn recover(db: &Database, journal: &[u8]) -> Result<(u64, u64, usize), StoreError> {
+pub(super) fn recover(db: &Database, journal: [&[u8]; 2]) -> Result<(u64, u64, usize), StoreError> {
     let txn = db.begin_write().map_err(StoreError::backend)?;
-    let (checkpoint, generation) = {
+    let (checkpoint, generation, file) = {
         let meta = txn.open_table(META).map_err(StoreError::backend)?;
         let get = |name| -> Result<Option<u64>, StoreError> {
             Ok(meta.get(name).map_err(StoreError::backend)?.map(|v| v.value()))
         };
-        (get(JOURNAL_SEQ)?.unwrap_or(0), get(JOURNAL_GEN)?)
+        // A store written before the second file names none: its journal is file 0.
+        let file = usize::from(get(JOURNAL_FILE)? == Some(1));
+        (get(JOURNAL_SEQ)?.unwrap_or(0), get(JOURNAL_GEN)?, file)
     };
     let (frames, seq) = match generation {
-        Some(generation) => journal::read(journal, checkpoint, generation),
+        Some(generation) => journal::replay(journal, file, checkpoint, generation),
         None => (Vec::new(), checkpoint),
     };
     {
@@ -321,6 +348,7 @@ pub(super) fn recover(db: &Database, journal: &[u8]) -> Result<(u64, u64, usize)
         let mut unused = Frames {
             buf: Vec::new(),
             generation: 0,
+            file: 0,
             seq,
         };
         let (reserved, mut stand_ins) = (Reserved::default(), Vec::new());
@@ -344,8 +372,9 @@ pub(super) fn recover(db: &Database, journal: &[u8]) -> Result<(u64, u64, usize)
         }
     }
     txn.commit().map_err(StoreError::backend)?;
+    // Durable before the journal starts over in file 0 (the journal thread's first file).
     let next = new_generation();
-    write_checkpoint(db, seq, next).map_err(StoreError::backend)?;
+    write_checkpoint(db, seq, next, 0).map_err(StoreError::backend)?;
     if !frames.is_empty() {
         tracing::info!(frames = frames.len(), "embedded store replayed its journal");
     }
@@ -531,5 +560,14 @@ impl Tables<'_, '_> {
             }
         }
         Ok(due.len())
+    }
+}
+
+/// Ends the sync thread when the writer thread ends, normally or by a panic.
+struct StopSync(Arc<sync::Control>);
+
+impl Drop for StopSync {
+    fn drop(&mut self) {
+        self.0.stop();
     }
 }
