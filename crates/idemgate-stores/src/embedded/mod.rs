@@ -158,8 +158,9 @@ impl std::fmt::Debug for EmbeddedStore {
 }
 
 impl EmbeddedStore {
-    /// Opens (or creates) the store in directory `dir` (files `records.redb` and
-    /// `records.journal` inside), replaying the journal if the last process did not stop cleanly.
+    /// Opens (or creates) the store in directory `dir` (files `records.redb`, `records.journal`
+    /// and `records.journal.1` inside), replaying the journal if the last process did not stop
+    /// cleanly.
     ///
     /// # Errors
     /// The directory or the database cannot be created or opened (another process holds it).

@@ -220,6 +220,43 @@ async fn a_checkpoint_fsync_is_owed_off_the_writer() {
     }
 }
 
+/// A directory written before the journal had two files (one journal, no `journal_file` in
+/// the checkpoint) opens as it is: its journal is file 0, and the second file is created.
+#[tokio::test]
+async fn a_store_from_before_the_second_journal_file_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    write_round(&store, 0, || {}).await;
+    drop(store);
+    // Once the writer has let the database go (its last checkpoint names a file).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let db = loop {
+        match Database::create(dir.path().join("records.redb")) {
+            Ok(db) => break db,
+            Err(e) => {
+                assert!(std::time::Instant::now() < deadline, "never let go: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let txn = db.begin_write().unwrap();
+    assert!(
+        txn.open_table(META)
+            .unwrap()
+            .remove(JOURNAL_FILE)
+            .unwrap()
+            .is_some()
+    );
+    txn.commit().unwrap();
+    drop(db);
+    std::fs::remove_file(dir.path().join("records.journal.1")).unwrap();
+    let store = reopen(dir.path()).await;
+    check_round(&store, 0).await;
+    write_round(&store, 1, || {}).await;
+    check_round(&store, 1).await;
+    assert!(dir.path().join("records.journal.1").exists());
+}
+
 #[test]
 fn acknowledged_writes_survive_an_abort() {
     let dir = tempfile::tempdir().unwrap();
@@ -665,9 +702,10 @@ async fn a_takeover_on_a_stale_snapshot_decides_again() {
     assert_eq!(store.reserved.len(), 0, "the takeover left nothing in memory");
 }
 
-/// The writer runs as a batch thread and the journal does not (see `batch.rs`): a caller
-/// handing the writer work is not switched away from at once when they share a core. The
-/// journal keeps the policy it started with, the process's.
+/// The writer and the sync thread run as batch threads and the journal does not (see
+/// `batch.rs`): a caller handing the writer work is not switched away from at once when they
+/// share a core, nor is anyone when a checkpoint's disk work starts. The journal keeps the
+/// policy it started with, the process's.
 #[cfg(target_os = "linux")]
 #[test]
 fn the_writer_runs_as_a_batch_thread() {
@@ -688,7 +726,7 @@ fn the_writer_runs_as_a_batch_thread() {
         for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
             let name = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
             let name = name.trim();
-            if name != "store-writer" && name != "store-journal" {
+            if !["store-writer", "store-journal", "store-sync"].contains(&name) {
                 continue;
             }
             let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
@@ -703,13 +741,14 @@ fn the_writer_runs_as_a_batch_thread() {
     loop {
         let threads = store_threads();
         let names: Vec<&str> = threads.iter().map(|(n, ..)| n.as_str()).collect();
-        let ready = names.contains(&"store-writer")
-            && names.contains(&"store-journal")
+        let ready = ["store-writer", "store-journal", "store-sync"]
+            .iter()
+            .all(|n| names.contains(n))
             && threads.iter().all(|(name, policy, nice)| {
-                let expected = if name == "store-writer" {
-                    writer_policy
-                } else {
+                let expected = if name == "store-journal" {
                     &process_policy
+                } else {
+                    writer_policy
                 };
                 policy == expected && *nice == process_nice
             });
