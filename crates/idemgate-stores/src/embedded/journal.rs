@@ -21,7 +21,10 @@
 //! whose frames are in the other file and must stay there. The frames written meanwhile go to
 //! the named file, numbered on from the last frame of the other; so recovery, at the end of the
 //! run it replayed, goes on into the other file if that file starts with the very next number.
-//! A stale frame cannot pass for it: numbers only grow, across generations and restarts.
+//! A stale run there cannot pass for it: numbers grow across generations, and at every open,
+//! once the checkpoint made then is on disk, the file the journal does not start in is left
+//! with no frame ([`invalidate`]), so no run from before the open (numbered before recovery
+//! restarted the count) is ever followed.
 //!
 //! Frame layout: `len: u32 | crc32(body): u32 | body`, where body is
 //! `generation: u64 | seq: u64 | key_len: u32 | key | value`, and an empty value is a delete
@@ -169,6 +172,16 @@ pub(super) fn open(path: &Path) -> io::Result<(File, Vec<u8>)> {
         file.sync_all()?;
     }
     Ok((file, bytes))
+}
+
+/// Leaves `file` starting with no frame, on disk. Called on file 1 once the checkpoint made at
+/// open is durable (the journal goes on in file 0): whatever file 1 holds is from before that
+/// open, including a run that recovery did not follow (after a power loss that tore the end of
+/// file 0 but kept the start of file 1); numbering restarts below such a run, and a later
+/// recovery must not follow into it when the new numbers reach its first.
+pub(super) fn invalidate(file: &File) -> io::Result<()> {
+    file.write_all_at(&[0; HEADER], 0)?;
+    file.sync_data()
 }
 
 /// Makes `dir`'s entries (the store's files) and `dir`'s own entry in its parent durable, so a

@@ -191,6 +191,7 @@ impl EmbeddedStore {
         journal::sync_dirs(dir).map_err(StoreError::backend)?;
         let (seq, generation, replayed) = writer::recover(&db, [&first_bytes, &second_bytes])?;
         drop((first_bytes, second_bytes));
+        journal::invalidate(&second).map_err(StoreError::backend)?;
         let notifier = Arc::new(Notifier::default());
         let shared = Arc::new(journal::Shared::new(seq));
         let (journal_tx, journal_rx) = std::sync::mpsc::channel();

@@ -36,7 +36,8 @@ use redb::{BackendError, StorageBackend};
 #[derive(Debug)]
 pub(super) struct Control {
     file: FileBackend,
-    /// Set by the writer around a checkpoint whose disk work may be owed.
+    /// Set by the writer around a checkpoint whose disk work may be owed; changed under the
+    /// `pages` lock, so a write either joins the kept pages or comes after them.
     defer: AtomicBool,
     state: Mutex<State>,
     changed: Condvar,
@@ -90,16 +91,31 @@ impl Control {
     /// Runs `commit` with its page writes and fsync owed instead of made; the sync thread makes
     /// them. The caller has settled any earlier owed work ([`Control::settle`]).
     pub(super) fn deferring<T>(&self, commit: impl FnOnce() -> T) -> T {
-        self.defer.store(true, Ordering::Release);
-        let out = commit();
-        self.defer.store(false, Ordering::Release);
-        // A commit that failed before its fsync leaves pages but owes nothing: still written
-        // out (and synced) before anything else touches the file.
-        if self.has_pages.load(Ordering::Acquire) {
-            self.lock().owed = true;
-            self.changed.notify_all();
+        /// Ends the deferral however `commit` ends (a panic included), so no later write is
+        /// kept or sync skipped.
+        struct End<'a>(&'a Control);
+        impl Drop for End<'_> {
+            fn drop(&mut self) {
+                let control = self.0;
+                let kept = {
+                    let _pages = control.pages();
+                    control.defer.store(false, Ordering::Release);
+                    control.has_pages.load(Ordering::Acquire)
+                };
+                // A commit that failed before its fsync leaves pages but owes nothing: still
+                // written out (and synced) before anything else touches the file.
+                if kept {
+                    control.lock().owed = true;
+                    control.changed.notify_all();
+                }
+            }
         }
-        out
+        {
+            let _pages = self.pages();
+            self.defer.store(true, Ordering::Release);
+        }
+        let _end = End(self);
+        commit()
     }
 
     /// Returns once nothing is owed: does the work here if the sync thread has not started
@@ -142,18 +158,24 @@ impl Control {
         if !self.has_pages.load(Ordering::Acquire) {
             return Ok(());
         }
-        // Nothing adds pages while they are owed, and only this (under `syncing`) removes them,
-        // so the lock is taken per page: a read waits for one `pwrite` at most.
+        // Pages are added only while `defer` is set, which ends (under the `pages` lock)
+        // before they are owed, and only this (under `syncing`) removes them; so the lock is
+        // taken per page: a read waits for one `pwrite` at most.
         let offsets: Vec<u64> = self.pages().by_offset.keys().copied().collect();
-        for offset in offsets {
+        for &offset in &offsets {
             let pages = self.pages();
             if let Some(page) = pages.by_offset.get(&offset) {
                 self.file.write(offset, page)?;
             }
         }
         let mut pages = self.pages();
-        *pages = Pages::default();
-        self.has_pages.store(false, Ordering::Release);
+        for offset in &offsets {
+            pages.by_offset.remove(offset);
+        }
+        if pages.by_offset.is_empty() {
+            pages.longest = 0;
+            self.has_pages.store(false, Ordering::Release);
+        }
         Ok(())
     }
 
@@ -252,13 +274,20 @@ impl StorageBackend for Backend {
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
-        if self.0.defer.load(Ordering::Acquire) {
+        // Under the lock `defer` changes under: redb's readers write buffered pages back under
+        // cache pressure, on their own threads, at any moment of a checkpoint.
+        {
             let mut pages = self.0.pages();
-            pages.longest = pages.longest.max(data.len() as u64);
-            pages.by_offset.insert(offset, data.into());
-            self.0.has_pages.store(true, Ordering::Release);
-            return Ok(());
+            if self.0.defer.load(Ordering::Acquire) {
+                pages.longest = pages.longest.max(data.len() as u64);
+                pages.by_offset.insert(offset, data.into());
+                self.0.has_pages.store(true, Ordering::Release);
+                return Ok(());
+            }
         }
+        // Outside a checkpoint: after the owed work, so nothing the last durable commit uses
+        // is overwritten before that commit is on disk. A reader's write-back can land here and
+        // wait for (or do) that work; redb does that only when its cache is full.
         self.0.settle()?;
         self.0.file.write(offset, data)
     }
