@@ -9,9 +9,10 @@
 //! the benchmark machine, and the writer goes on with the next batch meanwhile.
 //!
 //! Every so often the writer makes a durable redb commit (a checkpoint) that records the
-//! sequence number of the last frame it covers, names a new random generation and one of the
+//! sequence number of the last frame it covers, names a random generation and one of the
 //! journal's two files, and the journal starts again at offset 0 of that file in that
-//! generation. Recovery replays, in order, the frames from offset 0 of the named file that
+//! generation. Each checkpoint also names, drawn in advance, the generation the next one will
+//! use. Recovery replays, in order, the frames from offset 0 of the named file that
 //! belong to the named generation and are numbered above the checkpoint, and stops at the first
 //! frame that is torn (bad length or checksum), of another generation, or not numbered above
 //! the one before it: everything past that point was never acknowledged.
@@ -19,12 +20,12 @@
 //! Two files, used in turn, because a checkpoint's fsync is made after its commit, off the
 //! writer (`sync.rs`): until it is on disk, a crash recovers from the checkpoint before it,
 //! whose frames are in the other file and must stay there. The frames written meanwhile go to
-//! the named file, numbered on from the last frame of the other; so recovery, at the end of the
-//! run it replayed, goes on into the other file if that file starts with the very next number.
-//! A stale run there cannot pass for it: numbers grow across generations, and at every open,
-//! once the checkpoint made then is on disk, the file the journal does not start in is left
-//! with no frame ([`invalidate`]), so no run from before the open (numbered before recovery
-//! restarted the count) is ever followed.
+//! the named file, in the generation drawn in advance, numbered on from the last frame of the
+//! other; so recovery, at the end of the run it replayed, goes on into the other file if that
+//! file starts with a frame of that generation and the very next number. A stale run there
+//! cannot pass for it, whatever its numbers (after a power loss that tore a run, recovery
+//! restarts the count below frames that may still lie in either file): no frame of a
+//! generation is written before the checkpoint that names it as next is committed.
 //!
 //! Frame layout: `len: u32 | crc32(body): u32 | body`, where body is
 //! `generation: u64 | seq: u64 | key_len: u32 | key | value`, and an empty value is a delete
@@ -76,14 +77,20 @@ pub(super) fn encode(out: &mut Vec<u8>, generation: u64, seq: u64, key: &str, va
     out[start + 4..start + HEADER].copy_from_slice(&crc.to_le_bytes());
 }
 
-/// The frames recovery must replay, from the journal's two files: the run in `files[file]` (see
-/// [`read`]), then, if the other file starts with the next number, the run there: the frames
-/// written after a checkpoint whose fsync was still owed when the process stopped.
-pub(super) fn replay(files: [&[u8]; 2], file: usize, checkpoint: u64, generation: u64) -> (Vec<Frame>, u64) {
+/// The frames recovery must replay, from the journal's two files: the run of `generation` in
+/// `files[file]` (see [`read`]), then, if the other file starts with a frame of `upcoming` (the
+/// generation the checkpoint drew for the next one) numbered next, the run there: the frames
+/// written after a checkpoint whose disk work was still owed when the process stopped.
+pub(super) fn replay(
+    files: [&[u8]; 2],
+    file: usize,
+    checkpoint: u64,
+    (generation, upcoming): (u64, Option<u64>),
+) -> (Vec<Frame>, u64) {
     let (mut frames, highest) = read(files[file], checkpoint, generation);
     let other = files[1 - file.min(1)];
     match parse(other, 0) {
-        Some(next) if Some(next.seq) == highest.checked_add(1) => {
+        Some(next) if Some(next.generation) == upcoming && Some(next.seq) == highest.checked_add(1) => {
             let (more, highest) = read(other, highest, next.generation);
             frames.extend(more);
             (frames, highest)
@@ -172,16 +179,6 @@ pub(super) fn open(path: &Path) -> io::Result<(File, Vec<u8>)> {
         file.sync_all()?;
     }
     Ok((file, bytes))
-}
-
-/// Leaves `file` starting with no frame, on disk. Called on file 1 once the checkpoint made at
-/// open is durable (the journal goes on in file 0): whatever file 1 holds is from before that
-/// open, including a run that recovery did not follow (after a power loss that tore the end of
-/// file 0 but kept the start of file 1); numbering restarts below such a run, and a later
-/// recovery must not follow into it when the new numbers reach its first.
-pub(super) fn invalidate(file: &File) -> io::Result<()> {
-    file.write_all_at(&[0; HEADER], 0)?;
-    file.sync_data()
 }
 
 /// Makes `dir`'s entries (the store's files) and `dir`'s own entry in its parent durable, so a
@@ -519,7 +516,8 @@ mod tests {
     }
 
     fn replayed(files: [&[u8]; 2], file: usize, checkpoint: u64, generation: u64) -> (Vec<u64>, u64) {
-        let (frames, highest) = replay(files, file, checkpoint, generation);
+        // Each test checkpoint drew the next generation, 2 after 1 and 3 after 2.
+        let (frames, highest) = replay(files, file, checkpoint, (generation, Some(generation + 1)));
         (frames.iter().map(|f| f.seq).collect(), highest)
     }
 
@@ -544,9 +542,18 @@ mod tests {
         // acknowledged after both files' syncs), and do not follow on.
         let torn = &old[..frames(1, 1..=15).len() + 3];
         assert_eq!(replayed([torn, &new], 0, 10, 1), ((11..=15).collect(), 15));
-        // A stale run in the other file (an older generation, lower numbers) is not followed.
+        // A stale run in the other file is not followed: an older generation and lower numbers,
+        // or the next number in a generation the checkpoint did not draw (numbering restarted
+        // below it after a power loss tore a run).
         let stale = frames(7, 3..=9);
         assert_eq!(replayed([&old, &stale], 0, 10, 1), ((11..=20).collect(), 20));
+        let stale = frames(7, 21..=23);
+        assert_eq!(replayed([&old, &stale], 0, 10, 1), ((11..=20).collect(), 20));
+        assert_eq!(
+            replay([&old, &new], 0, 10, (1, None)).1,
+            20,
+            "a checkpoint that drew none (written before the second file) follows none"
+        );
         assert_eq!(replayed([&new, &old], 0, 20, 2), ((21..=25).collect(), 25));
         // Nothing after the checkpoint in its own file: the other file follows on from it.
         assert_eq!(replayed([&[0; 64], &new], 0, 20, 1), ((21..=25).collect(), 25));

@@ -65,6 +65,9 @@ const JOURNAL_SEQ: &str = "journal_seq";
 const JOURNAL_GEN: &str = "journal_gen";
 /// `journal_file`: the journal file (0 or 1) those frames start in; absent means 0.
 const JOURNAL_FILE: &str = "journal_file";
+/// `journal_next_gen`: the generation the next checkpoint will name, drawn in advance, so
+/// recovery knows the frames written after a checkpoint that never reached the disk.
+const JOURNAL_NEXT_GEN: &str = "journal_next_gen";
 
 /// The most operations one commit carries.
 pub const MAX_BATCH: usize = 512;
@@ -189,9 +192,8 @@ impl EmbeddedStore {
         let (second, second_bytes) =
             journal::open(&dir.join("records.journal.1")).map_err(StoreError::backend)?;
         journal::sync_dirs(dir).map_err(StoreError::backend)?;
-        let (seq, generation, replayed) = writer::recover(&db, [&first_bytes, &second_bytes])?;
+        let (seq, generations, replayed) = writer::recover(&db, [&first_bytes, &second_bytes])?;
         drop((first_bytes, second_bytes));
-        journal::invalidate(&second).map_err(StoreError::backend)?;
         let notifier = Arc::new(Notifier::default());
         let shared = Arc::new(journal::Shared::new(seq));
         let (journal_tx, journal_rx) = std::sync::mpsc::channel();
@@ -226,7 +228,7 @@ impl EmbeddedStore {
             notifier.clone(),
             commits.clone(),
             (shared.clone(), journal_tx, journal_thread),
-            (seq, generation),
+            (seq, generations),
             (checkpoints, control.clone()),
         );
         std::thread::Builder::new()

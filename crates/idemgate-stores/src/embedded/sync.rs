@@ -150,6 +150,11 @@ impl Control {
         if let Err(e) = result {
             state.failed = Some(e.to_string());
         }
+        // None are added while work is owed (the writer settles before each checkpoint); were
+        // one ever left, it stays owed rather than be read over newer data.
+        if self.has_pages.load(Ordering::Acquire) {
+            state.owed = true;
+        }
         self.changed.notify_all();
         state
     }

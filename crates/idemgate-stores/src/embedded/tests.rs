@@ -375,7 +375,7 @@ async fn stale_abort_child() {
 
 /// A run in journal file 1 from before an open (after a power loss it can start above where
 /// recovery restarted the count) must not be taken for the frames that follow file 0's run
-/// once the new numbers reach it: the open leaves file 1 with no frame.
+/// once the new numbers reach it: it is not of the generation the checkpoint drew.
 #[test]
 fn a_run_left_in_the_other_file_before_an_open_is_never_replayed() {
     let dir = tempfile::tempdir().unwrap();

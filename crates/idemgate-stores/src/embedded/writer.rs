@@ -15,8 +15,8 @@ use tokio::sync::mpsc;
 use super::reserved::{Entry, Reserved, State};
 use super::snapshot::Snapshot;
 use super::{
-    Checkpoints, EXPIRY, JOURNAL_FILE, JOURNAL_GEN, JOURNAL_SEQ, MAX_BATCH, META, Op, RECORDS, Reply,
-    SWEEP_BATCH, decode, encode, journal, sync,
+    Checkpoints, EXPIRY, JOURNAL_FILE, JOURNAL_GEN, JOURNAL_NEXT_GEN, JOURNAL_SEQ, MAX_BATCH, META, Op,
+    RECORDS, Reply, SWEEP_BATCH, decode, encode, journal, sync,
 };
 
 /// The longest the writer waits for the journal's current group before applying a batch.
@@ -32,6 +32,8 @@ struct Frames {
     generation: u64,
     /// The journal file they go to (0 or 1).
     file: usize,
+    /// The generation the next checkpoint names, as the last one recorded.
+    upcoming: u64,
     /// The last sequence number handed out.
     seq: u64,
 }
@@ -79,7 +81,7 @@ impl Writer {
             std::sync::mpsc::Sender<journal::Msg>,
             std::thread::JoinHandle<()>,
         ),
-        (seq, generation): (u64, u64),
+        (seq, (generation, upcoming)): (u64, (u64, u64)),
         (checkpoints, control): (Checkpoints, Arc<sync::Control>),
     ) -> Self {
         Self {
@@ -95,6 +97,7 @@ impl Writer {
                 buf: Vec::new(),
                 generation,
                 file: 0,
+                upcoming,
                 seq,
             },
             checkpoints,
@@ -239,10 +242,12 @@ impl Writer {
     }
 
     /// A durable redb commit that records the last journaled sequence number, after which the
-    /// journal starts over at offset 0 of its other file in a new generation. With `owed`, its
-    /// fsync is left to the sync thread (`sync.rs`). Returns whether it succeeded.
+    /// journal starts over at offset 0 of its other file in the generation the last checkpoint
+    /// drew for it. With `owed`, its disk work is left to the sync thread (`sync.rs`). Returns
+    /// whether it succeeded.
     fn checkpoint(&mut self, owed: bool) -> bool {
-        let (seq, next, file) = (self.frames.seq, new_generation(), 1 - self.frames.file);
+        let (seq, file) = (self.frames.seq, 1 - self.frames.file);
+        let generations @ (next, after) = (self.frames.upcoming, new_generation());
         let started = Instant::now();
         // The file the journal goes to holds the frames the previous checkpoint covers, which a
         // crash needs until that checkpoint is on disk. It almost always is by now.
@@ -252,9 +257,9 @@ impl Writer {
         }
         let committed = if owed {
             self.control
-                .deferring(|| write_checkpoint(&self.db, seq, next, file))
+                .deferring(|| write_checkpoint(&self.db, seq, generations, file))
         } else {
-            write_checkpoint(&self.db, seq, next, file)
+            write_checkpoint(&self.db, seq, generations, file)
         };
         if let Err(e) = committed {
             tracing::error!(error = %e, "embedded store checkpoint failed");
@@ -262,20 +267,28 @@ impl Writer {
         }
         tracing::debug!(seq, owed, took = ?started.elapsed(), "embedded store checkpoint");
         self.frames.generation = next;
+        self.frames.upcoming = after;
         self.frames.file = file;
         let _ = self.journal.send(journal::Msg::Wrap(file));
         true
     }
 }
 
-/// A durable commit of the journal position: every frame up to `seq` is in redb, and frames
-/// from here on belong to generation `next`, in journal file `file`, where recovery starts.
-fn write_checkpoint(db: &Database, seq: u64, next: u64, file: usize) -> Result<(), redb::Error> {
+/// A durable commit of the journal position: every frame up to `seq` is in redb, frames from
+/// here on belong to generation `next`, in journal file `file`, where recovery starts, and the
+/// next checkpoint will name generation `after`.
+fn write_checkpoint(
+    db: &Database,
+    seq: u64,
+    (next, after): (u64, u64),
+    file: usize,
+) -> Result<(), redb::Error> {
     let txn = db.begin_write()?;
     {
         let mut meta = txn.open_table(META)?;
         meta.insert(JOURNAL_SEQ, seq)?;
         meta.insert(JOURNAL_GEN, next)?;
+        meta.insert(JOURNAL_NEXT_GEN, after)?;
         meta.insert(JOURNAL_FILE, file as u64)?;
     }
     txn.commit()?;
@@ -323,23 +336,28 @@ fn apply_batch(
 }
 
 /// Replays the journal's frames past the last checkpoint into redb and makes that durable with
-/// a checkpoint that starts a new generation; returns the sequence number and generation to
-/// continue from and how many frames were replayed. Only the generation the last checkpoint
+/// a checkpoint that starts a new generation; returns the sequence number and generations (the
+/// current one and the next checkpoint's) to continue from and how many frames were replayed. Only the generation the last checkpoint
 /// named is replayed: a journal beside another database file (a lost or restored
 /// `records.redb`) replays nothing.
-pub(super) fn recover(db: &Database, journal: [&[u8]; 2]) -> Result<(u64, u64, usize), StoreError> {
+pub(super) fn recover(db: &Database, journal: [&[u8]; 2]) -> Result<(u64, (u64, u64), usize), StoreError> {
     let txn = db.begin_write().map_err(StoreError::backend)?;
-    let (checkpoint, generation, file) = {
+    let (checkpoint, generation, upcoming, file) = {
         let meta = txn.open_table(META).map_err(StoreError::backend)?;
         let get = |name| -> Result<Option<u64>, StoreError> {
             Ok(meta.get(name).map_err(StoreError::backend)?.map(|v| v.value()))
         };
         // A store written before the second file names none: its journal is file 0.
         let file = usize::from(get(JOURNAL_FILE)? == Some(1));
-        (get(JOURNAL_SEQ)?.unwrap_or(0), get(JOURNAL_GEN)?, file)
+        (
+            get(JOURNAL_SEQ)?.unwrap_or(0),
+            get(JOURNAL_GEN)?,
+            get(JOURNAL_NEXT_GEN)?,
+            file,
+        )
     };
     let (frames, seq) = match generation {
-        Some(generation) => journal::replay(journal, file, checkpoint, generation),
+        Some(generation) => journal::replay(journal, file, checkpoint, (generation, upcoming)),
         None => (Vec::new(), checkpoint),
     };
     {
@@ -349,6 +367,7 @@ pub(super) fn recover(db: &Database, journal: [&[u8]; 2]) -> Result<(u64, u64, u
             buf: Vec::new(),
             generation: 0,
             file: 0,
+            upcoming: 0,
             seq,
         };
         let (reserved, mut stand_ins) = (Reserved::default(), Vec::new());
@@ -373,12 +392,12 @@ pub(super) fn recover(db: &Database, journal: [&[u8]; 2]) -> Result<(u64, u64, u
     }
     txn.commit().map_err(StoreError::backend)?;
     // Durable before the journal starts over in file 0 (the journal thread's first file).
-    let next = new_generation();
-    write_checkpoint(db, seq, next, 0).map_err(StoreError::backend)?;
+    let generations = (new_generation(), new_generation());
+    write_checkpoint(db, seq, generations, 0).map_err(StoreError::backend)?;
     if !frames.is_empty() {
         tracing::info!(frames = frames.len(), "embedded store replayed its journal");
     }
-    Ok((seq, next, frames.len()))
+    Ok((seq, generations, frames.len()))
 }
 
 struct Tables<'a, 't> {
