@@ -4,12 +4,13 @@
 //! dirtied (about 250 `pwrite`s at 13k misses/s), then fsyncs them. On the benchmark machine
 //! that held the writer 3.5 to 3.9 ms (median) every 100 ms, and every outcome arriving
 //! meanwhile waited: most of the embedded store's tail. Nothing but the journal needs that done
-//! at once: the journal may start over in a checkpoint's generation only once the checkpoint
-//! before it is on disk. So the writer's periodic checkpoints commit with their disk work
-//! *owed*: [`Backend::write`] keeps the pages in memory and [`Backend::sync_data`] records the
-//! fsync, and the sync thread writes the pages and makes the fsync while the writer goes on and
-//! the journal writes the new generation to its other file (`journal.rs`), leaving the frames
-//! the previous checkpoint still needs alone. Reads see the kept pages.
+//! at once: a journal file may be written over only once the checkpoint that covers its frames
+//! is on disk. So the writer's periodic checkpoints commit with their disk work *owed*:
+//! [`Backend::write`] keeps the pages in memory, [`Backend::sync_data`] skips the fsync, and
+//! [`Control::deferring`] records both as owed; the sync thread writes the pages and makes the
+//! fsync while the writer goes on and the journal writes the new generation to its other file
+//! (`journal.rs`), leaving the frames the previous checkpoint still needs alone. Reads see the
+//! kept pages.
 //!
 //! What keeps a crash before the owed work is done safe:
 //! - redb commits in one phase with checksums, so a commit whose pages or fsync never reached
