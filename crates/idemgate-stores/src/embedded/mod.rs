@@ -212,7 +212,7 @@ impl EmbeddedStore {
                 // leaves them to run when the callers' thread blocks or its slice ends.
                 batch::become_batch_thread();
                 if let Err(e) = sync_control.run() {
-                    tracing::error!(error = %e, "embedded store checkpoint fsync failed; the store stops until restarted");
+                    tracing::error!(error = %e, "embedded store checkpoint write failed; the store stops until restarted");
                     sync_shared.break_down();
                 }
             })

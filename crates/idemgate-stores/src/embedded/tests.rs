@@ -111,12 +111,17 @@ async fn check_round(store: &EmbeddedStore, round: usize) {
 /// Opens the store in `dir` again once the dropped one's writer has stopped and let the
 /// database go.
 async fn reopen(dir: &std::path::Path) -> EmbeddedStore {
+    once_let_go(|| EmbeddedStore::open(dir)).await
+}
+
+/// What `open` opens once a dropped store's writer has stopped and let the database go.
+async fn once_let_go<T, E: std::fmt::Display>(open: impl Fn() -> Result<T, E>) -> T {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        match EmbeddedStore::open(dir) {
-            Ok(store) => return store,
+        match open() {
+            Ok(opened) => return opened,
             Err(e) => {
-                assert!(std::time::Instant::now() < deadline, "never reopened: {e}");
+                assert!(std::time::Instant::now() < deadline, "never let go: {e}");
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
@@ -255,16 +260,7 @@ async fn a_store_from_before_the_second_journal_file_opens() {
     write_round(&store, 0, || {}).await;
     drop(store);
     // Once the writer has let the database go (its last checkpoint names a file).
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let db = loop {
-        match Database::create(dir.path().join("records.redb")) {
-            Ok(db) => break db,
-            Err(e) => {
-                assert!(std::time::Instant::now() < deadline, "never let go: {e}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
+    let db = once_let_go(|| Database::create(dir.path().join("records.redb"))).await;
     let txn = db.begin_write().unwrap();
     assert!(
         txn.open_table(META)
@@ -391,17 +387,13 @@ fn a_run_left_in_the_other_file_before_an_open_is_never_replayed() {
         let seq = checkpointed(&store);
         drop(store);
         drop(reopen(dir.path()).await);
+        drop(once_let_go(|| Database::create(dir.path().join("records.redb"))).await);
         (record, seq)
     });
     // Numbered from just past the four frames the child will write.
     let mut stale = Vec::new();
     for n in seq + 5..=seq + 7 {
         journal::encode(&mut stale, 99, n, &format!("stale-{n}"), Some(&encode(&record)));
-    }
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while Database::create(dir.path().join("records.redb")).is_err() {
-        assert!(std::time::Instant::now() < deadline, "the store never let go");
-        std::thread::sleep(Duration::from_millis(20));
     }
     std::os::unix::fs::FileExt::write_all_at(
         &std::fs::OpenOptions::new()

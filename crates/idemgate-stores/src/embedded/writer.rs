@@ -337,8 +337,9 @@ fn apply_batch(
 
 /// Replays the journal's frames past the last checkpoint into redb and makes that durable with
 /// a checkpoint that starts a new generation; returns the sequence number and generations (the
-/// current one and the next checkpoint's) to continue from and how many frames were replayed. Only the generation the last checkpoint
-/// named is replayed: a journal beside another database file (a lost or restored
+/// current one and the next checkpoint's) to continue from and how many frames were replayed.
+/// Only the generation the last checkpoint named is replayed, then the one it drew for the next
+/// (`journal::replay`): a journal beside another database file (a lost or restored
 /// `records.redb`) replays nothing.
 pub(super) fn recover(db: &Database, journal: [&[u8]; 2]) -> Result<(u64, (u64, u64), usize), StoreError> {
     let txn = db.begin_write().map_err(StoreError::backend)?;
