@@ -203,10 +203,14 @@ impl Verdict {
             1 => self.exactly_once += 1,
             n => {
                 let mut reasons = Vec::new();
-                for r in &runs[..n - 1] {
+                for (i, r) in runs[..n - 1].iter().enumerate() {
                     let attempt = key.attempts.iter().find(|a| a.id == r.attempt);
                     let reason = attempt.and_then(|a| {
-                        let end = r.end.map_or(a.end, |e| (e + RECORD_MARGIN).max(a.end));
+                        // An execution the upstream never saw end was cut off some time before
+                        // the next one took the key over; its client leaving does not end it
+                        // (the gateway runs an execution to its end without its client).
+                        let cut_off = a.end.max(runs[i + 1].start);
+                        let end = r.end.map_or(cut_off, |e| (e + RECORD_MARGIN).max(a.end));
                         fault(events, a.gateway, (r.start, end))
                     });
                     match reason {
