@@ -41,29 +41,14 @@ done
 UP_PORT=18100 GW_PORT=18102
 rig_start ab "$UP_PORT"
 
-cpu_by_thread() { # PID: "tid name ticks" per thread
-  for t in /proc/"$1"/task/*; do
-    echo "$(basename "$t") $(tr ' ' _ <"$t/comm") $(awk '{print $14 + $15}' "$t/stat")"
-  done | sort
-}
-
 BINS=("$@")
 for round in $(seq 1 "$ROUNDS"); do
-  # Odd rounds run the binaries in the order given, even rounds in reverse: on a noisy machine
-  # the first of a pair has been seen to run faster, for no reason of its own.
-  order=("${BINS[@]}")
-  if ((round % 2 == 0)); then
-    order=()
-    for ((i = ${#BINS[@]} - 1; i >= 0; i--)); do order+=("${BINS[$i]}"); done
-  fi
+  mapfile -t order < <(round_order "$round" "${BINS[@]}")
   for bin in "${order[@]}"; do
     dir="$WORK/gw-$round-$RANDOM"
     mkdir -p "$dir"
     if [[ "$bin" == nginx ]]; then
-      mkdir -p "$dir/tmp"
-      nginx_conf_text "$dir" 1 "$(proxy_pass_peer "$GW_PORT" "$UP_PORT")" >"$dir/nginx.conf"
-      taskset -c 1 "$(command -v nginx || echo /usr/sbin/nginx)" -p "$dir" -e "$dir/error.log" \
-        -c "$dir/nginx.conf" &
+      start_proxy_peer "$dir" "$GW_PORT" "$UP_PORT"
     else
       gw_yaml "$GW_PORT" "$UP_PORT" "$(local_store_block "$STORE" "$dir")" >"$dir/idemgate.yaml"
       IDEMGATE_LOG=warn taskset -c 1 "$bin" serve --config "$dir/idemgate.yaml" >"$dir/log" 2>&1 &
@@ -82,10 +67,7 @@ for round in $(seq 1 "$ROUNDS"); do
     cpu_by_thread "$cpu_pid" >"$dir/t1"
     requests="$(kv "$line" requests)"
     [[ -n "$requests" && "$requests" -gt 0 ]] || { echo "ab: no result from wrk for $bin" >&2; exit 1; }
-    # clock ticks are 1/100 s: ticks * 10000 / requests = microseconds per request
-    threads="$(join "$dir/t0" "$dir/t1" | awk -v n="$requests" '
-      { d = ($5 - $3) * 10000 / n; total += d; if (d >= 0.05) out = out sprintf(" %s=%.1f", $2, d) }
-      END { printf "cpu_us=%.1f%s", total, out }')"
+    threads="$(cpu_per_request "$dir/t0" "$dir/t1" "$requests")"
     printf '%s round=%s rps=%s p50_us=%s p99_us=%s errors=%s %s\n' "$bin" "$round" \
       "$(kv "$line" rps)" "$(kv "$line" p50_us)" "$(kv "$line" p99_us)" "$(kv "$line" errors)" "$threads"
     kill "$gw"

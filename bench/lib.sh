@@ -121,7 +121,45 @@ local_store_block() {
   esac
 }
 
-# The small rigs (bench/ab.sh, bench/instructions.sh) start the same way.
+# round_order ROUND ITEM...: the items, one per line, in the order given on odd rounds and
+# reversed on even ones: on a noisy machine the first of a pair has been seen to run faster, for
+# no reason of its own.
+round_order() {
+  local round="$1" i
+  shift
+  if ((round % 2 == 0)); then
+    for ((i = $#; i > 0; i--)); do echo "${!i}"; done
+  else
+    printf '%s\n' "$@"
+  fi
+}
+
+# start_proxy_peer DIR GW_PORT UP_PORT: the nginx `proxy_pass` peer of bench/run.sh on CPU 1,
+# its files in DIR, in the background ($! is its master; its worker serves the requests).
+start_proxy_peer() {
+  mkdir -p "$1/tmp"
+  nginx_conf_text "$1" 1 "$(proxy_pass_peer "$2" "$3")" >"$1/nginx.conf"
+  taskset -c 1 "$(command -v nginx || echo /usr/sbin/nginx)" -p "$1" -e "$1/error.log" -c "$1/nginx.conf" &
+}
+
+# cpu_by_thread PID: "tid name ticks" per thread of PID (user + system clock ticks).
+cpu_by_thread() {
+  for t in /proc/"$1"/task/*; do
+    echo "$(basename "$t") $(tr ' ' _ <"$t/comm") $(awk '{print $14 + $15}' "$t/stat")"
+  done | sort
+}
+
+# cpu_per_request BEFORE AFTER REQUESTS: "cpu_us=T name=U ..." from two cpu_by_thread files, in
+# microseconds per request (clock ticks are 1/100 s: ticks * 10000 / requests), whole process
+# and per thread (threads under 0.05 left out).
+cpu_per_request() {
+  join "$1" "$2" | awk -v n="$3" '
+    { d = ($5 - $3) * 10000 / n; total += d; if (d >= 0.05) out = out sprintf(" %s=%.1f", $2, d) }
+    END { printf "cpu_us=%.1f%s", total, out }'
+}
+
+# The small rigs (bench/ab.sh, bench/instructions.sh, bench/allocs.sh, bench/tail.sh) start the
+# same way.
 #
 # rig_start NAME UP_PORT [TOOL...]: checks wrk, nginx, taskset, curl, python3 and the TOOLs; makes
 # $WORK (removed on exit, with every pid in $PIDS stopped) and starts the static nginx upstream on

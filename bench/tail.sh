@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Open-loop A/B of idemgate builds: interleaved rounds of misses at a fixed rate, for changes
+# aimed at the p99 target ("p99, miss at half of peak load"), which bench/run.sh measures once
+# per store and which moves between rounds by more than most changes do (docs/benchmarks.md).
+#
+#   bench/tail.sh STORE RATE ROUNDS SECONDS BIN [BIN...]
+#   bench/tail.sh embedded 12000 4 8 /tmp/idemgate-before target/release/idemgate
+#   bench/tail.sh postgres 2400 3 8 nginx target/release/idemgate
+#
+#   STORE  memory | embedded | postgres (BENCH_PG_URL, default the machine's own `test` database;
+#          each round gets a schema of its own, dropped after it)
+#   RATE   requests per second, sent by `idemgate-bench rate` (bench/loadgen) over 32 connections
+#   BIN    an idemgate binary, or `nginx`: the nginx `proxy_pass` peer at the same rate
+#          (passthrough), the reference the target is judged against
+#
+# Topology as in bench/run.sh: a static nginx upstream and the load generator on CPU 0, the
+# gateway on CPU 1, one catch-all `accepted` route with `scope: global`, a fresh store per round.
+# Latency runs from each request's intended send time (no coordinated omission). Each round
+# prints p50, p90, p99, p99.9 and max; for idemgate also the store's begin and complete latency
+# (the gateway's own histograms, read from its admin port: the upper bounds of the buckets that
+# hold p50 and p99), CPU microseconds per request of the gateway, whole and per thread (as
+# bench/ab.sh), and for postgres of PostgreSQL's processes. Ports 18130-18133, 127.0.0.1 only;
+# everything it starts is stopped on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
+
+[[ $# -ge 5 ]] || { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
+STORE="$1" RATE="$2" ROUNDS="$3" SECS="$4"
+shift 4
+case "$STORE" in memory | embedded | postgres) ;; *) echo "tail: store must be memory, embedded or postgres" >&2; exit 64 ;; esac
+for bin in "$@"; do
+  [[ "$bin" == nginx || -x "$bin" ]] || { echo "tail: $bin is not an executable" >&2; exit 64; }
+done
+PG_URL="${BENCH_PG_URL:-postgres://postgres@127.0.0.1:5432/test}"
+UP_PORT=18130 GW_PORT=18132 ADMIN_PORT=18133
+SCENARIO=miss
+rig_start tail "$UP_PORT" psql
+
+# The load generator: built like bench/run.sh builds it, into its own target directory.
+LOADGEN_TDIR="${CARGO_TARGET_DIR:-$PWD/bench/loadgen/target}"
+(cd bench/loadgen && { CARGO_TARGET_DIR="$LOADGEN_TDIR" cargo build --release --offline -q 2>/dev/null ||
+  CARGO_TARGET_DIR="$LOADGEN_TDIR" cargo build --release -q; }) || { echo "tail: building bench/loadgen failed" >&2; exit 1; }
+LOADGEN="$LOADGEN_TDIR/release/idemgate-bench"
+
+SCHEMAS=()
+drop_schemas() {
+  for s in "${SCHEMAS[@]}"; do psql -q "$PG_URL" -c "DROP SCHEMA IF EXISTS $s CASCADE" >/dev/null 2>&1 || true; done
+}
+trap 'drop_schemas; rig_cleanup' EXIT
+
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+pg_ticks() { # every PostgreSQL process's CPU ticks, summed
+  local p sum=0
+  for p in $(pgrep -x postgres || true); do sum=$((sum + $(ticks "$p"))); done
+  echo "$sum"
+}
+
+# store_latency: "begin p50<=… p99<=… complete p50<=… p99<=…" from the gateway's histograms.
+store_latency() {
+  curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" | python3 -c '
+import re, sys
+buckets = {}
+for line in sys.stdin:
+    m = re.match(r"idempotency_store_duration_seconds_bucket\{le=\"([^\"]+)\",op=\"(\w+)\"\} (\S+)", line)
+    if m:
+        buckets.setdefault(m[2], []).append((float("inf") if m[1] == "+Inf" else float(m[1]), float(m[3])))
+out = []
+for op in ("begin", "complete"):
+    b = sorted(buckets.get(op, []))
+    if not b or not b[-1][1]:
+        continue
+    def upper(q):
+        return next(le for le, n in b if n >= q * b[-1][1])
+    out.append(f"{op} p50<={upper(0.5) * 1000:g}ms p99<={upper(0.99) * 1000:g}ms")
+print(" ".join(out))'
+}
+
+BINS=("$@")
+for round in $(seq 1 "$ROUNDS"); do
+  mapfile -t order < <(round_order "$round" "${BINS[@]}")
+  for bin in "${order[@]}"; do
+    dir="$WORK/gw-$round-$RANDOM"
+    mkdir -p "$dir"
+    mode=miss
+    if [[ "$bin" == nginx ]]; then
+      mode=passthrough
+      start_proxy_peer "$dir" "$GW_PORT" "$UP_PORT"
+    else
+      case "$STORE" in
+        postgres)
+          schema="idemgate_tail_$$_${round}_$RANDOM"
+          SCHEMAS+=("$schema")
+          psql -q "$PG_URL" -c "CREATE SCHEMA $schema" >/dev/null
+          block="  kind: postgres
+  url: $PG_URL?options=-c%20search_path%3D$schema
+  timeout: 5s" ;;
+        *) block="$(local_store_block "$STORE" "$dir")" ;;
+      esac
+      gw_yaml "$GW_PORT" "$UP_PORT" "$block" | sed "s|^  listen: .*|&\n  admin_listen: 127.0.0.1:$ADMIN_PORT|" \
+        >"$dir/idemgate.yaml"
+      IDEMGATE_LOG=warn taskset -c 1 "$bin" serve --config "$dir/idemgate.yaml" >"$dir/log" 2>&1 &
+    fi
+    gw=$!
+    PIDS+=("$gw")
+    rig_wait "$GW_PORT" 20
+    cpu_pid="$gw"
+    if [[ "$bin" == nginx ]]; then cpu_pid="$(pgrep -P "$gw" | head -n1)"; fi
+    cpu_by_thread "$cpu_pid" >"$dir/t0"
+    p0="$(pg_ticks)"
+    line="$(taskset -c 0 "$LOADGEN" rate --url "http://127.0.0.1:$GW_PORT/api/v1/orders" --rate "$RATE" \
+      --duration "$SECS" --warmup 1 --connections 32 --mode "$mode" --prefix "tail$round$RANDOM" | grep '^RESULT' || true)"
+    cpu_by_thread "$cpu_pid" >"$dir/t1"
+    p1="$(pg_ticks)"
+    requests="$(kv "$line" requests)"
+    [[ -n "$requests" && "$requests" -gt 0 ]] || { echo "tail: no result from the load generator for $bin" >&2; exit 1; }
+    # Ticks are 1/100 s and cover the warm-up second too: RATE * (SECS + 1) requests.
+    sent=$((RATE * (SECS + 1)))
+    extra="$(cpu_per_request "$dir/t0" "$dir/t1" "$sent")"
+    if [[ "$bin" != nginx ]]; then
+      [[ "$STORE" == postgres ]] && extra+=" postgres_cpu_us=$(((p1 - p0) * 10000 / sent))"
+      extra+=" $(store_latency)"
+    fi
+    printf '%s round=%s rps=%s p50_us=%s p90_us=%s p99_us=%s p999_us=%s max_us=%s errors=%s %s\n' "$bin" "$round" \
+      "$(kv "$line" rps)" "$(kv "$line" p50_us)" "$(kv "$line" p90_us)" "$(kv "$line" p99_us)" \
+      "$(kv "$line" p999_us)" "$(kv "$line" max_us)" "$(kv "$line" errors)" "$extra"
+    kill "$gw"
+    wait "$gw" 2>/dev/null || true
+  done
+done
