@@ -4,7 +4,8 @@
 //! A key executed more than once is excused only when every execution but the last was cut
 //! off by a documented crash point, a fault that hit the gateway that forwarded it while the
 //! execution ran or before its outcome could be recorded (up to 1 s after the upstream
-//! answered: the `complete` call, bounded by the store timeout):
+//! answered: the `complete` call, bounded by the store timeout), or, for a kill or pause,
+//! while that gateway held the request before forwarding it:
 //!
 //! - the gateway was killed (`kill -9`) or paused (SIGSTOP) past its lease: the owner died
 //!   (SPEC 4, `on_lease_expiry: retry`: after the lease a retry takes over and runs again);
@@ -211,7 +212,13 @@ impl Verdict {
                         // (the gateway runs an execution to its end without its client).
                         let cut_off = a.end.max(runs[i + 1].start);
                         let end = r.end.map_or(cut_off, |e| (e + RECORD_MARGIN).max(a.end));
-                        fault(events, a.gateway, (r.start, end))
+                        // A kill or pause counts from the moment the gateway held the request:
+                        // paused between its lease check and its write to the upstream, it
+                        // forwards the request as it resumes, past its lease, and the upstream
+                        // sees the execution start a moment after the nemesis records the
+                        // pause's end. Other faults count from the execution's start.
+                        crash(events, a.gateway, (a.start.min(r.start), end))
+                            .or_else(|| fault(events, a.gateway, (r.start, end)))
                     });
                     match reason {
                         Some(e) => reasons.push(e.what.clone()),
@@ -338,6 +345,112 @@ impl Verdict {
             self.violations.is_empty(),
             "{:#?}",
             &self.violations[..self.violations.len().min(20)]
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::Exec;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// The history of CI's run on a9d71ee: gateway 1 is paused while it holds the first
+    /// attempt, forwards it as it resumes (the upstream sees the start 0.7 ms after the
+    /// nemesis recorded the pause's end), and answers 504 at once (its upstream timeout ran out
+    /// during the pause), which releases the key; the retry on gateway 0 runs it again.
+    fn paused_before_forwarding(pause: Option<(u64, u64)>) -> Verdict {
+        let key = KeyHistory {
+            raw: "k".to_owned(),
+            final_phase: false,
+            attempts: vec![
+                Attempt {
+                    id: "a0".to_owned(),
+                    gateway: 1,
+                    start: ms(2_441),
+                    end: ms(5_495),
+                    outcome: Outcome::Status(504, "upstream-timeout".to_owned()),
+                },
+                Attempt {
+                    id: "a1".to_owned(),
+                    gateway: 0,
+                    start: ms(5_574),
+                    end: ms(5_637),
+                    outcome: Outcome::Ok {
+                        exec: 2,
+                        replayed: false,
+                    },
+                },
+            ],
+            done: true,
+            body: String::new(),
+            delay: String::new(),
+        };
+        let execs = Executions::default();
+        let ns = key.namespaced();
+        execs.record(
+            &ns,
+            Exec {
+                id: 1,
+                attempt: "a0".to_owned(),
+                start: ms(5_488),
+                end: None,
+            },
+        );
+        execs.record(
+            &ns,
+            Exec {
+                id: 2,
+                attempt: "a1".to_owned(),
+                start: ms(5_580),
+                end: Some(ms(5_600)),
+            },
+        );
+        let events: Vec<Event> = pause
+            .map(|(start, end)| Event {
+                what: "SIGSTOP of gateway 1 past the lease".to_owned(),
+                gateways: vec![1],
+                crash: true,
+                start: ms(start),
+                end: ms(end),
+            })
+            .into_iter()
+            .collect();
+        Verdict::judge(&[key], &execs, &events, 12)
+    }
+
+    #[test]
+    fn a_pause_while_the_gateway_holds_the_request_excuses_the_execution_it_forwards_on_resuming() {
+        let v = paused_before_forwarding(Some((2_440, 5_487)));
+        // A one-key run also gets the run-wide complaints (too few keys, no final phase).
+        assert!(
+            !v.violations.iter().any(|m| m.contains("k:")),
+            "{:?}",
+            v.violations
+        );
+        assert_eq!(v.excused.values().sum::<usize>(), 1, "{:?}", v.excused);
+    }
+
+    #[test]
+    fn without_a_crash_the_same_history_is_a_violation() {
+        let v = paused_before_forwarding(None);
+        assert!(
+            v.violations.iter().any(|m| m.contains("executed 2 times")),
+            "{:?}",
+            v.violations
+        );
+    }
+
+    #[test]
+    fn a_pause_that_ended_before_the_attempt_began_excuses_nothing() {
+        let v = paused_before_forwarding(Some((1_000, 2_000)));
+        assert!(
+            v.violations.iter().any(|m| m.contains("executed 2 times")),
+            "{:?}",
+            v.violations
         );
     }
 }

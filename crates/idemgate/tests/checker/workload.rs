@@ -82,6 +82,14 @@ impl Executions {
     pub fn total(&self) -> u64 {
         self.next.load(Ordering::SeqCst)
     }
+
+    /// Records an execution as the upstream would, for a verdict built by hand.
+    #[cfg(test)]
+    pub fn record(&self, namespaced: &str, exec: Exec) {
+        self.next.fetch_add(1, Ordering::SeqCst);
+        let mut map = self.by_key.lock().unwrap();
+        map.entry(namespaced.to_owned()).or_default().push(exec);
+    }
 }
 
 pub struct CheckerUpstream {
