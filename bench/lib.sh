@@ -121,6 +121,39 @@ local_store_block() {
   esac
 }
 
+# pg_store_block URL SCHEMA -> the store block of the postgres store, its table in SCHEMA (which
+# the caller creates and drops).
+pg_store_block() {
+  printf '%s' "  kind: postgres
+  url: $1?options=-c%20search_path%3D$2
+  timeout: 5s"
+}
+
+# build_loadgen REPO -> the path of idemgate-bench: bench/loadgen (its own cargo workspace; only
+# dependency tokio) built offline first, into $CARGO_TARGET_DIR (relative to REPO) or
+# bench/loadgen/target. Fails if it does not build.
+build_loadgen() {
+  local tdir="${CARGO_TARGET_DIR:-bench/loadgen/target}"
+  [[ "$tdir" = /* ]] || tdir="$1/$tdir"
+  (cd "$1/bench/loadgen" && { CARGO_TARGET_DIR="$tdir" timeout 1800 cargo build --release --offline -q 2>/dev/null ||
+    CARGO_TARGET_DIR="$tdir" timeout 1800 cargo build --release -q; }) >&2 || return 1
+  echo "$tdir/release/idemgate-bench"
+}
+
+# proc_ticks PID: utime+stime ticks of a process and its live direct children, plus
+# cutime+cstime: what its children that ended and were reaped used. Without those, a PostgreSQL
+# backend or autovacuum worker that exits during a run takes its CPU out of the count.
+proc_ticks() {
+  local t=0 p v
+  v="$(awk '{ sub(/^.*\) /, ""); print $12 + $13 + $14 + $15 }' "/proc/$1/stat" 2>/dev/null || true)"
+  t=$((t + ${v:-0}))
+  for p in $(pgrep -P "$1" 2>/dev/null || true); do
+    v="$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$p/stat" 2>/dev/null || true)"
+    t=$((t + ${v:-0}))
+  done
+  echo "$t"
+}
+
 # round_order ROUND ITEM...: the items, one per line, in the order given on odd rounds and
 # reversed on even ones: on a noisy machine the first of a pair has been seen to run faster, for
 # no reason of its own.

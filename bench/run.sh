@@ -295,12 +295,9 @@ if [[ -n "$STORES" ]]; then
   [[ -x "$IDEMGATE" ]] || die "idemgate binary not found or not executable: $IDEMGATE"
   IDEMGATE="$(cd "$(dirname "$IDEMGATE")" && pwd)/$(basename "$IDEMGATE")"
 fi
-# the load tools (bench/loadgen, its own cargo workspace; only dependency tokio)
-LOADGEN_TDIR="${CARGO_TARGET_DIR:+$TDIR}"; LOADGEN_TDIR="${LOADGEN_TDIR:-$REPO/bench/loadgen/target}"
+# the load tools (bench/loadgen, built by build_loadgen in bench/lib.sh)
 log "building bench/loadgen (idemgate-bench)"
-( cd "$REPO/bench/loadgen" && { CARGO_TARGET_DIR="$LOADGEN_TDIR" timeout 1800 cargo build --release --offline -q 2>/dev/null \
-    || CARGO_TARGET_DIR="$LOADGEN_TDIR" timeout 1800 cargo build --release -q; } ) || die "building bench/loadgen failed"
-LOADGEN="$LOADGEN_TDIR/release/idemgate-bench"
+LOADGEN="$(build_loadgen "$REPO")" || die "building bench/loadgen failed"
 
 # Node peers: installed from bench/node/package-lock.json into $NODE_DIR, outside the repository
 if [[ -n "$NODE_PEERS" ]]; then
@@ -360,19 +357,8 @@ cpu_busy_ticks() {
 # Ticks the VM's host ran something else while a CPU of ours wanted to run (steal). Nothing on
 # this machine shows up for them, yet every process here ran slower meanwhile.
 cpu_steal_ticks() { awk '/^cpu / { print $9 + 0; exit }' /proc/stat; }
-# utime+stime ticks of a process and its live direct children, plus cutime+cstime: what its
-# children that ended and were reaped used. Without those, a PostgreSQL backend or autovacuum
-# worker that exits during a run takes its CPU out of the count, and the run reads it as foreign.
-proc_ticks() {
-  local t=0 p v
-  v="$(awk '{ sub(/^.*\) /, ""); print $12 + $13 + $14 + $15 }' "/proc/$1/stat" 2>/dev/null || true)"
-  t=$((t + ${v:-0}))
-  for p in $(pgrep -P "$1" 2>/dev/null || true); do
-    v="$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$p/stat" 2>/dev/null || true)"
-    t=$((t + ${v:-0}))
-  done
-  echo "$t"
-}
+# proc_ticks (bench/lib.sh) counts a process with its children, those that ended included: a
+# PostgreSQL backend that exits during a run would otherwise read as foreign CPU.
 CLK_TCK="$(getconf CLK_TCK)"
 [[ "$CLK_TCK" == 100 ]] || die "CLK_TCK is $CLK_TCK, accounting assumes 100"
 
@@ -602,9 +588,7 @@ gw_config() { # STORE DIR -> writes DIR/idemgate.yaml
       schema="idemgate_bench_$RUN_ID"
       PG_SCHEMAS+=("$schema")
       timeout 60 psql -q "$PG_URL" -c "CREATE SCHEMA IF NOT EXISTS $schema" >/dev/null || die "could not create schema $schema"
-      block="  kind: postgres
-  url: $PG_URL?options=-c%20search_path%3D$schema
-  timeout: 5s" ;;
+      block="$(pg_store_block "$PG_URL" "$schema")" ;;
   esac
   gw_yaml "$GW_PORT" "$UP_PORT" "$block" "$SLOW_PORT" >"$dir/idemgate.yaml"
 }

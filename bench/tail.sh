@@ -38,11 +38,7 @@ UP_PORT=18130 GW_PORT=18132 ADMIN_PORT=18133
 SCENARIO=miss
 rig_start tail "$UP_PORT" psql
 
-# The load generator: built like bench/run.sh builds it, into its own target directory.
-LOADGEN_TDIR="${CARGO_TARGET_DIR:-$PWD/bench/loadgen/target}"
-(cd bench/loadgen && { CARGO_TARGET_DIR="$LOADGEN_TDIR" cargo build --release --offline -q 2>/dev/null ||
-  CARGO_TARGET_DIR="$LOADGEN_TDIR" cargo build --release -q; }) || { echo "tail: building bench/loadgen failed" >&2; exit 1; }
-LOADGEN="$LOADGEN_TDIR/release/idemgate-bench"
+LOADGEN="$(build_loadgen "$PWD")" || { echo "tail: building bench/loadgen failed" >&2; exit 1; }
 
 SCHEMAS=()
 drop_schemas() {
@@ -50,12 +46,11 @@ drop_schemas() {
 }
 trap 'drop_schemas; rig_cleanup' EXIT
 
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
-pg_ticks() { # every PostgreSQL process's CPU ticks, summed
-  local p sum=0
-  for p in $(pgrep -x postgres || true); do sum=$((sum + $(ticks "$p"))); done
-  echo "$sum"
-}
+# The postmaster: its backends are its children, counted by proc_ticks (bench/lib.sh) with those
+# that ended, as when a round's gateway stops and its connections close.
+PG_PID=""
+[[ "$STORE" == postgres ]] && PG_PID="$(pgrep -o -x postgres || true)"
+pg_ticks() { if [[ -n "$PG_PID" ]]; then proc_ticks "$PG_PID"; else echo 0; fi; }
 
 # store_latency: "begin p50<=… p99<=… complete p50<=… p99<=…" from the gateway's histograms.
 store_latency() {
@@ -93,9 +88,7 @@ for round in $(seq 1 "$ROUNDS"); do
           schema="idemgate_tail_$$_${round}_$RANDOM"
           SCHEMAS+=("$schema")
           psql -q "$PG_URL" -c "CREATE SCHEMA $schema" >/dev/null
-          block="  kind: postgres
-  url: $PG_URL?options=-c%20search_path%3D$schema
-  timeout: 5s" ;;
+          block="$(pg_store_block "$PG_URL" "$schema")" ;;
         *) block="$(local_store_block "$STORE" "$dir")" ;;
       esac
       gw_yaml "$GW_PORT" "$UP_PORT" "$block" | sed "s|^  listen: .*|&\n  admin_listen: 127.0.0.1:$ADMIN_PORT|" \
