@@ -218,7 +218,16 @@ async fn a_checkpoint_fsync_is_owed_off_the_writer() {
         i += 1;
         assert!(i < 1_000, "no checkpoint after {i} outcomes");
     }
-    assert!(store.sync.is_owed(), "the checkpoint's fsync was left owed");
+    // The new checkpoint is visible to readers as redb's commit returns, a moment before the
+    // writer records its disk work as owed (`Control::deferring`): wait for that, bounded.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !store.sync.is_owed() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the checkpoint's fsync was left owed"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     assert_eq!(file(&store), 1, "the frames after it go to the other file");
     // Acknowledged while the checkpoint's fsync is owed (fewer than a checkpoint's worth).
     complete(i).await;
