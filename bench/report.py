@@ -166,7 +166,9 @@ def main():
       "{} with worker_processes 1".format(m.get("nginx", "nginx")))
     if m.get("bin"):
         w(f"- idemgate binary: `{m['bin']}` (built {m.get('binmtime', '?')}), `IDEMGATE_LOG={m.get('gwlog', '?')}`"
-          + (" (no access log, like nginx `access_log off`)" if m.get("gwlog") == "warn" else ""))
+          + (" (no access log, like nginx `access_log off`)" if m.get("gwlog") == "warn" else "")
+          + ("; built by `bench/pgo.sh` (profile-guided: trained on this harness's closed-loop scenarios, every store)"
+             if m.get("pgo") == "1" else ""))
     if m.get("preload"):
         w(f"- **experiment:** the gateway ran with `LD_PRELOAD={m['preload']}` (not the shipped allocator)")
     if m.get("redis"):

@@ -5,6 +5,7 @@
 #   BENCH_QUICK=1 bench/run.sh                    # quick mode for development (~4 min)
 #   BENCH_STORES=memory,embedded BENCH_SCENARIOS=miss,replay bench/run.sh
 #   IDEMGATE_BIN=/path/idemgate BENCH_DURATION=5s bench/run.sh
+#   BENCH_PGO=1 bench/run.sh                      # on the profile-guided build of bench/pgo.sh
 #
 # Everything listens on 127.0.0.1 only; every process started here is killed by
 # the EXIT trap; every wait is bounded.
@@ -60,6 +61,7 @@ PIN="${BENCH_PIN:-1}"                               # 0: no taskset at all
 GW_PRELOAD="${BENCH_IDEMGATE_PRELOAD:-}"             # e.g. a jemalloc .so, for allocator experiments
 PROFILE="${BENCH_PROFILE:-auto}"                    # perf profile of idemgate during warm-ups
 GW_LOG="${BENCH_IDEMGATE_LOG:-warn}" # idemgate log filter; warn = no per-request access log (nginx: access_log off)
+PGO_BUILD="${BENCH_PGO:-0}"   # 1: measure the profile-guided build of bench/pgo.sh (unless IDEMGATE_BIN is set)
 export IDEMGATE_LOG="$GW_LOG" RUST_LOG="$GW_LOG"
 
 UP_PORT=18000
@@ -287,6 +289,9 @@ IDEMGATE=""
 if [[ -n "$STORES" ]]; then
   if [[ -n "${IDEMGATE_BIN:-}" ]]; then
     IDEMGATE="$IDEMGATE_BIN"
+  elif [[ "$PGO_BUILD" == 1 ]]; then
+    log "building idemgate with profile-guided optimisation (bench/pgo.sh)"
+    IDEMGATE="$(timeout 7200 "$REPO/bench/pgo.sh")" || die "bench/pgo.sh failed"
   else
     log "building idemgate (cargo build --release -p idemgate)"
     ( cd "$REPO" && timeout 3600 cargo build --release -p idemgate ) || die "cargo build failed"
@@ -827,7 +832,7 @@ for v in BENCH_QUICK BENCH_STORES BENCH_SCENARIOS BENCH_PEERS BENCH_PEERS_ONLY B
          BENCH_RATE_FRACTION BENCH_CONNECTIONS BENCH_REPEAT BENCH_GROWTH BENCH_GROWTH_STORES BENCH_GROWTH_DURATION \
          BENCH_GROWTH_BUDGET BENCH_STORM_N BENCH_STORM_DELAY_MS BENCH_REDIS_URL BENCH_PG_URL BENCH_PIN BENCH_LOADGEN_CPUS \
          BENCH_UPSTREAM_CPUS BENCH_SUT_CPUS BENCH_NOISE_PCT BENCH_IDEMGATE_LOG BENCH_IDEMGATE_PRELOAD BENCH_PROFILE \
-         BENCH_NODE_DIR IDEMGATE_BIN CARGO_TARGET_DIR; do
+         BENCH_NODE_DIR BENCH_PGO IDEMGATE_BIN CARGO_TARGET_DIR; do
   if [[ -n "${!v:-}" ]]; then cmd="$v=${!v} $cmd"; fi
 done
 meta date "$(date -u '+%Y-%m-%d %H:%M UTC')"
@@ -844,6 +849,7 @@ meta lcpu "${LOADGEN_CPUS:-unpinned}"; meta scpu "${SUT_CPUS:-unpinned}"; meta u
 meta noise "$NOISE_PCT"; meta idle "$IDLE_LOAD"; meta gwlog "$GW_LOG"; meta elapsed "$ELAPSED"
 meta stores "$STORES"; meta scenarios "$SCENARIOS"; meta peers "$PEERS"
 meta bin "${IDEMGATE:-}"
+meta pgo "$( [[ -z "${IDEMGATE_BIN:-}" && "$PGO_BUILD" == 1 ]] && echo 1 || true)"
 meta preload "$GW_PRELOAD"
 meta binmtime "$( [[ -n "${IDEMGATE:-}" ]] && date -u -r "$IDEMGATE" '+%Y-%m-%d %H:%M UTC' || true)"
 meta redis "${REDIS_CONF:-}"; meta redis_url "$REDIS_URL"
