@@ -17,25 +17,32 @@
 # store's table grows at different moments); repeat it. Under valgrind the embedded store's
 # writer and journal see a few requests per batch instead of dozens, so their share per miss is
 # overstated; compare embedded builds with each other only. Ports 18110-18111, 127.0.0.1 only.
+#
+# BENCH_CACHE_SIM=1 also simulates the caches (`--cache-sim=yes`, the machine's sizes) and adds
+# instruction-cache misses per request (first level and last level): how well a build's hot
+# code packs, which PGO changes (bench/pgo.sh) and an instruction count does not show. The
+# simulation sees the gateway alone, not the kernel or other processes sharing the core.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 
-[[ $# -ge 4 ]] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
+[[ $# -ge 4 ]] || { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
 STORE="$1" SCENARIO="$2" SECS="$3"
 shift 3
 case "$STORE" in memory | embedded) ;; *) echo "instructions: store must be memory or embedded" >&2; exit 64 ;; esac
 case "$SCENARIO" in passthrough | miss | replay) ;; *) echo "instructions: unknown scenario $SCENARIO" >&2; exit 64 ;; esac
 for bin in "$@"; do [[ -x "$bin" ]] || { echo "instructions: $bin is not an executable" >&2; exit 64; }; done
 UP_PORT=18110 GW_PORT=18111
+CACHE_SIM=()
+[[ "${BENCH_CACHE_SIM:-0}" == 1 ]] && CACHE_SIM=(--cache-sim=yes)
 rig_start instructions "$UP_PORT" valgrind callgrind_control
 
 for bin in "$@"; do
   dir="$WORK/gw-$RANDOM"
   mkdir -p "$dir"
   gw_yaml "$GW_PORT" "$UP_PORT" "$(local_store_block "$STORE" "$dir")" >"$dir/idemgate.yaml"
-  IDEMGATE_LOG=warn taskset -c 1 valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" \
+  IDEMGATE_LOG=warn taskset -c 1 valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" "${CACHE_SIM[@]}" \
     "$bin" serve --config "$dir/idemgate.yaml" >"$dir/log" 2>&1 &
   gw=$!
   PIDS+=("$gw")
@@ -52,12 +59,16 @@ for bin in "$@"; do
   requests="$(kv "$line" requests)" errors="$(kv "$line" errors)"
   [[ -n "$requests" && "$requests" -gt 0 ]] || { echo "instructions: no result from wrk for $bin" >&2; exit 1; }
   [[ "$errors" == 0 ]] || { echo "instructions: $bin: $line" >&2; exit 1; }
-  total=0
-  for dump in "$dir"/cg.out.*; do
-    total=$((total + $(awk '/^totals:/ {print $2}' "$dump")))
-  done
-  printf '%s %s %s requests=%s instructions_per_request=%s\n' "$bin" "$STORE" "$SCENARIO" "$requests" \
-    "$((total / requests))"
+  # Each dump's `events:` line names the columns of its `totals:` line (Ir first; with the
+  # cache simulation also I1mr and ILmr, the instruction fetches that missed each level).
+  per_request="$(awk -v n="$requests" '
+    /^events:/ { for (i = 2; i <= NF; i++) name[i] = $i }
+    /^totals:/ { for (i = 2; i <= NF; i++) sum[name[i]] += $i }
+    END {
+      printf "instructions_per_request=%d", sum["Ir"] / n
+      if ("I1mr" in sum) printf " i1_misses_per_request=%.1f ll_instruction_misses_per_request=%.2f", sum["I1mr"] / n, sum["ILmr"] / n
+    }' "$dir"/cg.out.*)"
+  printf '%s %s %s requests=%s %s\n' "$bin" "$STORE" "$SCENARIO" "$requests" "$per_request"
   kill "$gw"
   wait "$gw" 2>/dev/null || true
 done
