@@ -167,8 +167,8 @@ def main():
     if m.get("bin"):
         w(f"- idemgate binary: `{m['bin']}` (built {m.get('binmtime', '?')}), `IDEMGATE_LOG={m.get('gwlog', '?')}`"
           + (" (no access log, like nginx `access_log off`)" if m.get("gwlog") == "warn" else "")
-          + ("; built by `bench/pgo.sh` (profile-guided: trained on this harness's closed-loop scenarios, every store)"
-             if m.get("pgo") == "1" else ""))
+          + (f"; built by `bench/pgo.sh` (profile-guided: trained on this harness's closed-loop scenarios, stores {m['pgo']})"
+             if m.get("pgo") else ""))
     if m.get("preload"):
         w(f"- **experiment:** the gateway ran with `LD_PRELOAD={m['preload']}` (not the shipped allocator)")
     if m.get("redis"):

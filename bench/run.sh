@@ -291,7 +291,8 @@ if [[ -n "$STORES" ]]; then
     IDEMGATE="$IDEMGATE_BIN"
   elif [[ "$PGO_BUILD" == 1 ]]; then
     log "building idemgate with profile-guided optimisation (bench/pgo.sh)"
-    IDEMGATE="$(timeout 7200 "$REPO/bench/pgo.sh")" || die "bench/pgo.sh failed"
+    # pgo.sh bounds each of its steps (builds, training) itself.
+    IDEMGATE="$("$REPO/bench/pgo.sh")" || die "bench/pgo.sh failed"
   else
     log "building idemgate (cargo build --release -p idemgate)"
     ( cd "$REPO" && timeout 3600 cargo build --release -p idemgate ) || die "cargo build failed"
@@ -832,7 +833,7 @@ for v in BENCH_QUICK BENCH_STORES BENCH_SCENARIOS BENCH_PEERS BENCH_PEERS_ONLY B
          BENCH_RATE_FRACTION BENCH_CONNECTIONS BENCH_REPEAT BENCH_GROWTH BENCH_GROWTH_STORES BENCH_GROWTH_DURATION \
          BENCH_GROWTH_BUDGET BENCH_STORM_N BENCH_STORM_DELAY_MS BENCH_REDIS_URL BENCH_PG_URL BENCH_PIN BENCH_LOADGEN_CPUS \
          BENCH_UPSTREAM_CPUS BENCH_SUT_CPUS BENCH_NOISE_PCT BENCH_IDEMGATE_LOG BENCH_IDEMGATE_PRELOAD BENCH_PROFILE \
-         BENCH_NODE_DIR BENCH_PGO IDEMGATE_BIN CARGO_TARGET_DIR; do
+         BENCH_NODE_DIR BENCH_PGO BENCH_PGO_STORES IDEMGATE_BIN CARGO_TARGET_DIR; do
   if [[ -n "${!v:-}" ]]; then cmd="$v=${!v} $cmd"; fi
 done
 meta date "$(date -u '+%Y-%m-%d %H:%M UTC')"
@@ -849,7 +850,7 @@ meta lcpu "${LOADGEN_CPUS:-unpinned}"; meta scpu "${SUT_CPUS:-unpinned}"; meta u
 meta noise "$NOISE_PCT"; meta idle "$IDLE_LOAD"; meta gwlog "$GW_LOG"; meta elapsed "$ELAPSED"
 meta stores "$STORES"; meta scenarios "$SCENARIOS"; meta peers "$PEERS"
 meta bin "${IDEMGATE:-}"
-meta pgo "$( [[ -z "${IDEMGATE_BIN:-}" && "$PGO_BUILD" == 1 ]] && echo 1 || true)"
+meta pgo "$( [[ -z "${IDEMGATE_BIN:-}" && "$PGO_BUILD" == 1 ]] && echo "${BENCH_PGO_STORES:-memory,embedded,redis,postgres}" || true)"
 meta preload "$GW_PRELOAD"
 meta binmtime "$( [[ -n "${IDEMGATE:-}" ]] && date -u -r "$IDEMGATE" '+%Y-%m-%d %H:%M UTC' || true)"
 meta redis "${REDIS_CONF:-}"; meta redis_url "$REDIS_URL"

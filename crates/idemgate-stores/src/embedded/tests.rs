@@ -224,7 +224,7 @@ async fn a_checkpoint_fsync_is_owed_off_the_writer() {
     while !store.sync.is_owed() {
         assert!(
             std::time::Instant::now() < deadline,
-            "the checkpoint's fsync was left owed"
+            "the checkpoint's fsync was not recorded as owed within 10 s"
         );
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
