@@ -154,6 +154,15 @@ fn run_aborting_child(child: &str, dir: &std::path::Path, round: Option<usize>) 
     stdout
 }
 
+/// Polls `done` until it holds; fails with `what` after 10 s.
+async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 fn checkpointed(store: &EmbeddedStore) -> u64 {
     let txn = store.db.begin_read().unwrap();
     let meta = txn.open_table(META).unwrap();
@@ -220,14 +229,11 @@ async fn a_checkpoint_fsync_is_owed_off_the_writer() {
     }
     // The new checkpoint is visible to readers as redb's commit returns, a moment before the
     // writer records its disk work as owed (`Control::deferring`): wait for that, bounded.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !store.sync.is_owed() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the checkpoint's fsync was not recorded as owed within 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    wait_until(
+        "the checkpoint's fsync was not recorded as owed within 10 s",
+        || store.sync.is_owed(),
+    )
+    .await;
     assert_eq!(file(&store), 1, "the frames after it go to the other file");
     // Acknowledged while the checkpoint's fsync is owed (fewer than a checkpoint's worth).
     complete(i).await;
@@ -242,14 +248,10 @@ async fn a_checkpoint_fsync_is_owed_off_the_writer() {
     }
     assert_eq!(file(&store), 0, "and back to file 0");
     store.sync.hold(false);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while store.sync.is_owed() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the sync thread never made the owed fsync"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until("the sync thread never made the owed fsync", || {
+        !store.sync.is_owed()
+    })
+    .await;
     drop(store);
     let store = reopen(dir.path()).await;
     for k in 0..i {
@@ -796,16 +798,7 @@ fn replies_go_through_the_answerer_and_around_it_once_its_runtime_ends() {
         waited.is_err(),
         "answered without the answerer running: {waited:?}"
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    answering.block_on(async {
-        while !first.is_finished() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the answerer never answered"
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    });
+    answering.block_on(wait_until("the answerer never answered", || first.is_finished()));
     assert!(callers.block_on(first).unwrap().is_ok());
     drop(answering);
     let second = callers.block_on(async { tokio::time::timeout(Duration::from_secs(10), miss("b")).await });
