@@ -286,13 +286,15 @@ fi
 TDIR="${CARGO_TARGET_DIR:-target}"
 [[ "$TDIR" = /* ]] || TDIR="$REPO/$TDIR"
 IDEMGATE=""
+PGO_STORES=""   # the stores bench/pgo.sh trained the measured build on, when it built it
 if [[ -n "$STORES" ]]; then
   if [[ -n "${IDEMGATE_BIN:-}" ]]; then
     IDEMGATE="$IDEMGATE_BIN"
   elif [[ "$PGO_BUILD" == 1 ]]; then
     log "building idemgate with profile-guided optimisation (bench/pgo.sh)"
     # pgo.sh bounds each of its steps (builds, training) itself.
-    IDEMGATE="$("$REPO/bench/pgo.sh")" || die "bench/pgo.sh failed"
+    PGO_STORES="${BENCH_PGO_STORES:-memory,embedded,redis,postgres}"
+    IDEMGATE="$(BENCH_PGO_STORES="$PGO_STORES" "$REPO/bench/pgo.sh")" || die "bench/pgo.sh failed"
   else
     log "building idemgate (cargo build --release -p idemgate)"
     ( cd "$REPO" && timeout 3600 cargo build --release -p idemgate ) || die "cargo build failed"
@@ -850,7 +852,7 @@ meta lcpu "${LOADGEN_CPUS:-unpinned}"; meta scpu "${SUT_CPUS:-unpinned}"; meta u
 meta noise "$NOISE_PCT"; meta idle "$IDLE_LOAD"; meta gwlog "$GW_LOG"; meta elapsed "$ELAPSED"
 meta stores "$STORES"; meta scenarios "$SCENARIOS"; meta peers "$PEERS"
 meta bin "${IDEMGATE:-}"
-meta pgo "$( [[ -z "${IDEMGATE_BIN:-}" && "$PGO_BUILD" == 1 ]] && echo "${BENCH_PGO_STORES:-memory,embedded,redis,postgres}" || true)"
+meta pgo "$PGO_STORES"
 meta preload "$GW_PRELOAD"
 meta binmtime "$( [[ -n "${IDEMGATE:-}" ]] && date -u -r "$IDEMGATE" '+%Y-%m-%d %H:%M UTC' || true)"
 meta redis "${REDIS_CONF:-}"; meta redis_url "$REDIS_URL"
