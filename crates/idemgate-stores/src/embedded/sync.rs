@@ -22,6 +22,10 @@
 //!   write buffer, so this normally costs nothing: the next write is the next checkpoint's.
 //! - The writer settles before each checkpoint, so at most one checkpoint is ever owed, and
 //!   the journal file that the one before it needs is reused only once that one is on disk.
+//! - A checkpoint that makes the file shorter owes the cut too ([`Backend::set_len`]): redb
+//!   cuts right after a durable commit's fsync, and its open takes a file shorter than an
+//!   unclean header's layout as the layout, so a cut made before the header naming it is on
+//!   disk loses pages the commit before still uses.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -68,6 +72,9 @@ struct Pages {
     by_offset: BTreeMap<u64, Box<[u8]>>,
     /// The longest kept write, so a read knows how far back one may start and still reach it.
     longest: u64,
+    /// The length the owed checkpoint cut the file to, made once its pages and fsync are: the
+    /// file's length as redb sees it until then.
+    cut_to: Option<u64>,
 }
 
 impl Control {
@@ -102,9 +109,9 @@ impl Control {
             fn drop(&mut self) {
                 let control = self.0;
                 let kept = {
-                    let _pages = control.pages();
+                    let pages = control.pages();
                     control.defer.store(false, Ordering::Release);
-                    control.has_pages.load(Ordering::Acquire)
+                    control.has_pages.load(Ordering::Acquire) || pages.cut_to.is_some()
                 };
                 // A commit that failed before its fsync leaves pages but owes nothing: still
                 // written out (and synced) before anything else touches the file.
@@ -148,7 +155,10 @@ impl Control {
         state.owed = false;
         state.syncing = true;
         drop(state);
-        let result = self.write_pages().and_then(|()| self.file.sync_data());
+        let result = self
+            .write_pages()
+            .and_then(|()| self.file.sync_data())
+            .and_then(|()| self.cut());
         let mut state = self.lock();
         state.syncing = false;
         if let Err(e) = result {
@@ -156,7 +166,7 @@ impl Control {
         }
         // None are added while work is owed (the writer settles before each checkpoint); were
         // one ever left, it stays owed rather than be read over newer data.
-        if self.has_pages.load(Ordering::Acquire) {
+        if self.has_pages.load(Ordering::Acquire) || self.pages().cut_to.is_some() {
             state.owed = true;
         }
         self.changed.notify_all();
@@ -193,6 +203,19 @@ impl Control {
         if pages.by_offset.is_empty() {
             pages.longest = 0;
             self.has_pages.store(false, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Makes the owed cut, after the fsync of the header that names the shorter file: redb's
+    /// own order (its commit resizes after its flush), which its open relies on (a file found
+    /// shorter than an unclean header's layout is taken as the layout, and a durable commit's
+    /// pages past it are gone).
+    fn cut(&self) -> io::Result<()> {
+        let mut pages = self.pages();
+        if let Some(len) = pages.cut_to {
+            self.file.set_len(len)?;
+            pages.cut_to = None;
         }
         Ok(())
     }
@@ -251,6 +274,9 @@ pub(super) struct Backend(pub Arc<Control>);
 
 impl StorageBackend for Backend {
     fn len(&self) -> Result<u64, io::Error> {
+        if let Some(len) = self.0.pages().cut_to {
+            return Ok(len);
+        }
         self.0.file.len()
     }
 
@@ -276,9 +302,23 @@ impl StorageBackend for Backend {
     }
 
     fn set_len(&self, len: u64) -> Result<(), io::Error> {
-        if !self.0.defer.load(Ordering::Acquire) {
-            self.0.settle()?;
+        {
+            let mut pages = self.0.pages();
+            if self.0.defer.load(Ordering::Acquire) {
+                // redb cuts its file right after a durable commit's fsync. Here that fsync is
+                // owed and the header naming the shorter file is still in memory: cut now, a
+                // crash would find the file ending before pages the last durable commit uses.
+                // So the cut is owed too; growing the file now is harmless (redb does it before
+                // its commits).
+                if len < self.0.file.len()? {
+                    pages.cut_to = Some(len);
+                    return Ok(());
+                }
+                pages.cut_to = None;
+                return self.0.file.set_len(len);
+            }
         }
+        self.0.settle()?;
         self.0.file.set_len(len)
     }
 
@@ -409,5 +449,115 @@ mod tests {
         want[3 * 4096..4 * 4096].fill(3);
         assert_eq!(on_disk, want);
         assert_eq!(read(0, 5 * 4096), want);
+    }
+
+    /// A checkpoint whose commit makes redb's file shorter leaves the cut owed with its pages:
+    /// until they and their fsync are made, the file keeps the length the last durable commit's
+    /// header names, so a crash meanwhile opens at that commit. (Cut at once, the copy below
+    /// failed to open: its layout is rebuilt from the shorter length, and the last durable
+    /// commit's pages past it were gone; the checker's kill test met it as "Page ... extends
+    /// past the end of its region".)
+    #[test]
+    fn a_checkpoint_that_shortens_the_file_leaves_it_whole_until_its_work_is_done() {
+        type Table<'t> = redb::Table<'t, u64, &'static [u8]>;
+        const T: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("t");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("records.redb");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .unwrap();
+        let control = Control::new(file).unwrap();
+        let db = redb::Builder::new()
+            .create_with_backend(Backend(control.clone()))
+            .unwrap();
+        let commit = |change: &dyn Fn(&mut Table)| {
+            let txn = db.begin_write().unwrap();
+            change(&mut txn.open_table(T).unwrap());
+            txn.commit().unwrap();
+        };
+        let quick = |change: &dyn Fn(&mut Table)| {
+            let mut txn = db.begin_write().unwrap();
+            txn.set_durability(redb::Durability::None).unwrap();
+            change(&mut txn.open_table(T).unwrap());
+            txn.commit().unwrap();
+        };
+        let insert = |keys: std::ops::Range<u64>| {
+            quick(&|t| {
+                for i in keys.clone() {
+                    t.insert(i, [7; 1000].as_slice()).unwrap();
+                }
+            });
+        };
+        let remove = |keys: std::ops::Range<u64>| {
+            quick(&|t| {
+                for i in keys.clone() {
+                    t.remove(i).unwrap();
+                }
+            });
+        };
+        // Records at the end of the file (behind others, removed first), deleted after the last
+        // durable commit: a later durable commit frees their pages and gives the space back,
+        // while the commit before it still names those pages.
+        insert(1000..3000);
+        insert(10_000..14_000);
+        for _ in 0..3 {
+            commit(&|t| {
+                t.insert(u64::MAX, b"durable".as_slice()).unwrap();
+            });
+        }
+        remove(1000..3000);
+        for _ in 0..3 {
+            commit(&|t| {
+                t.insert(u64::MAX, b"durable".as_slice()).unwrap();
+            });
+        }
+        remove(10_000..14_000);
+        let physical = || std::fs::metadata(&path).unwrap().len();
+        let mut owed_cut = None;
+        for round in 0..50 {
+            // As the writer does before each checkpoint.
+            control.settle().unwrap();
+            let before = physical();
+            control.deferring(|| {
+                commit(&|t| {
+                    t.insert(round, b"owed".as_slice()).unwrap();
+                });
+            });
+            let len = Backend(control.clone()).len().unwrap();
+            if len < before {
+                owed_cut = Some((round, before, len));
+                break;
+            }
+        }
+        let (round, before, len) = owed_cut.expect("no checkpoint made the file shorter");
+        assert!(control.is_owed());
+
+        // What a crash now leaves: the file as it is on disk.
+        let crashed = dir.path().join("crashed.redb");
+        std::fs::copy(&path, &crashed).unwrap();
+        let reopened = redb::Database::open(&crashed).expect("the crashed copy opens");
+        let txn = redb::ReadableDatabase::begin_read(&reopened).unwrap();
+        let t = txn.open_table(T).unwrap();
+        assert_eq!(t.get(u64::MAX).unwrap().unwrap().value(), b"durable");
+        // The owed checkpoint itself never reached the disk; the one before it did.
+        assert!(t.get(round).unwrap().is_none());
+        if round > 0 {
+            assert_eq!(t.get(round - 1).unwrap().unwrap().value(), b"owed");
+        }
+        drop((t, txn, reopened));
+        assert_eq!(
+            physical(),
+            before,
+            "the cut was made before the checkpoint's fsync"
+        );
+
+        control.settle().unwrap();
+        assert_eq!(physical(), len, "the owed cut is made with the rest of the work");
+        assert_eq!(Backend(control.clone()).len().unwrap(), len);
+        drop(db);
     }
 }
