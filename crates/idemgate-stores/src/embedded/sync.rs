@@ -385,19 +385,22 @@ impl StorageBackend for Backend {
 mod tests {
     use super::*;
 
+    fn open(path: &std::path::Path) -> File {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .unwrap()
+    }
+
     /// Pages written while a checkpoint's disk work is owed are read back from memory, over
     /// whatever the file holds, until the work is done; then from the file.
     #[test]
     fn kept_pages_are_read_over_the_file_until_written() {
         let dir = tempfile::tempdir().unwrap();
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(dir.path().join("f"))
-            .unwrap();
-        let control = Control::new(file).unwrap();
+        let control = Control::new(open(&dir.path().join("f"))).unwrap();
         let backend = Backend(control.clone());
         backend.set_len(5 * 4096).unwrap();
         backend.write(0, &[9; 5 * 4096]).unwrap();
@@ -463,14 +466,7 @@ mod tests {
         const T: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("t");
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("records.redb");
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .unwrap();
-        let control = Control::new(file).unwrap();
+        let control = Control::new(open(&path)).unwrap();
         let db = redb::Builder::new()
             .create_with_backend(Backend(control.clone()))
             .unwrap();
