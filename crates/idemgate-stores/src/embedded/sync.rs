@@ -69,12 +69,36 @@ struct State {
 
 #[derive(Debug, Default)]
 struct Pages {
+    /// What the owed checkpoint wrote up to its (skipped) fsync, by offset.
     by_offset: BTreeMap<u64, Box<[u8]>>,
+    /// What was written after that fsync while the deferral lasted: redb's work after a commit,
+    /// which may reuse pages the commit before still names, trusting the fsync to be made. Written
+    /// only once it is.
+    after_sync: BTreeMap<u64, Box<[u8]>>,
+    /// The deferral's commit has called its fsync: later writes go to `after_sync`.
+    synced: bool,
+    /// The deferral grew the file: redb makes a growth durable before a header can name it, so
+    /// the owed work starts with an fsync.
+    grew: bool,
     /// The longest kept write, so a read knows how far back one may start and still reach it.
     longest: u64,
     /// The length the owed checkpoint cut the file to, made once its pages and fsync are: the
     /// file's length as redb sees it until then.
     cut_to: Option<u64>,
+}
+
+impl Pages {
+    fn kept(&mut self, after_sync: bool) -> &mut BTreeMap<u64, Box<[u8]>> {
+        if after_sync {
+            &mut self.after_sync
+        } else {
+            &mut self.by_offset
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.by_offset.is_empty() && self.after_sync.is_empty()
+    }
 }
 
 impl Control {
@@ -122,7 +146,9 @@ impl Control {
             }
         }
         {
-            let _pages = self.pages();
+            let mut pages = self.pages();
+            pages.synced = false;
+            pages.grew = false;
             self.defer.store(true, Ordering::Release);
         }
         let _end = End(self);
@@ -155,10 +181,14 @@ impl Control {
         state.owed = false;
         state.syncing = true;
         drop(state);
-        let result = self
-            .write_pages()
+        // redb's order: a growth durable before the header naming it, the commit's pages and
+        // header, its fsync, the cut it makes after that, then what it wrote after the fsync.
+        let grew = std::mem::take(&mut self.pages().grew);
+        let result = (if grew { self.file.sync_data() } else { Ok(()) })
+            .and_then(|()| self.write_pages(false))
             .and_then(|()| self.file.sync_data())
-            .and_then(|()| self.cut());
+            .and_then(|()| self.cut())
+            .and_then(|()| self.write_pages(true));
         let mut state = self.lock();
         state.syncing = false;
         if let Err(e) = result {
@@ -173,18 +203,19 @@ impl Control {
         state
     }
 
-    fn write_pages(&self) -> io::Result<()> {
+    /// Writes the kept pages of before the commit's fsync, or of after it.
+    fn write_pages(&self, after_sync: bool) -> io::Result<()> {
         if !self.has_pages.load(Ordering::Acquire) {
             return Ok(());
         }
         // Pages are added only while `defer` is set, which ends (under the `pages` lock)
         // before they are owed, and only this (under `syncing`) removes them; so the lock is
         // taken per page: a read waits for one `pwrite` at most.
-        let offsets: Vec<u64> = self.pages().by_offset.keys().copied().collect();
+        let offsets: Vec<u64> = self.pages().kept(after_sync).keys().copied().collect();
         for (i, &offset) in offsets.iter().enumerate() {
             {
-                let pages = self.pages();
-                if let Some(page) = pages.by_offset.get(&offset) {
+                let mut pages = self.pages();
+                if let Some(page) = pages.kept(after_sync).get(&offset) {
                     self.file.write(offset, page)?;
                 }
             }
@@ -197,10 +228,11 @@ impl Control {
             }
         }
         let mut pages = self.pages();
+        let kept = pages.kept(after_sync);
         for offset in &offsets {
-            pages.by_offset.remove(offset);
+            kept.remove(offset);
         }
-        if pages.by_offset.is_empty() {
+        if pages.is_empty() {
             pages.longest = 0;
             self.has_pages.store(false, Ordering::Release);
         }
@@ -290,7 +322,9 @@ impl StorageBackend for Backend {
         self.0.file.read(offset, out)?;
         let end = offset + out.len() as u64;
         let from = offset.saturating_sub(pages.longest);
-        for (&at, page) in pages.by_offset.range(from..end) {
+        // What was written after the commit's fsync is newer: laid over the rest.
+        let kept = pages.by_offset.range(from..end);
+        for (&at, page) in kept.chain(pages.after_sync.range(from..end)) {
             let (start, stop) = (at.max(offset), (at + page.len() as u64).min(end));
             if start < stop {
                 let (src, dst) = ((start - at) as usize, (start - offset) as usize);
@@ -315,6 +349,7 @@ impl StorageBackend for Backend {
                     return Ok(());
                 }
                 pages.cut_to = None;
+                pages.grew = true;
                 return self.0.file.set_len(len);
             }
         }
@@ -323,9 +358,17 @@ impl StorageBackend for Backend {
     }
 
     fn sync_data(&self) -> Result<(), io::Error> {
-        if self.0.defer.load(Ordering::Acquire) {
-            // Owed: `Control::deferring` marks it so once the commit returns.
-            return Ok(());
+        {
+            let mut pages = self.0.pages();
+            if self.0.defer.load(Ordering::Acquire) {
+                // Owed: `Control::deferring` marks it so once the commit returns. Everything
+                // written so far goes before it (a second fsync, a growth's then the commit's,
+                // moves the writes between them in front too).
+                let after = std::mem::take(&mut pages.after_sync);
+                pages.by_offset.extend(after);
+                pages.synced = true;
+                return Ok(());
+            }
         }
         self.0.settle()?;
         self.0.file.sync_data()
@@ -338,7 +381,8 @@ impl StorageBackend for Backend {
             let mut pages = self.0.pages();
             if self.0.defer.load(Ordering::Acquire) {
                 pages.longest = pages.longest.max(data.len() as u64);
-                pages.by_offset.insert(offset, data.into());
+                let after_sync = pages.synced;
+                pages.kept(after_sync).insert(offset, data.into());
                 self.0.has_pages.store(true, Ordering::Release);
                 return Ok(());
             }
@@ -452,6 +496,46 @@ mod tests {
         want[3 * 4096..4 * 4096].fill(3);
         assert_eq!(on_disk, want);
         assert_eq!(read(0, 5 * 4096), want);
+    }
+
+    /// What a deferred commit writes after its (skipped) fsync, redb's work after a commit, is
+    /// kept apart and written after the fsync; a second fsync (a growth's, then the commit's)
+    /// puts what came before it in front. Reads see the newest bytes throughout.
+    #[test]
+    fn writes_after_the_owed_fsync_are_kept_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let control = Control::new(open(&dir.path().join("f"))).unwrap();
+        let backend = Backend(control.clone());
+        backend.set_len(4 * 4096).unwrap();
+        backend.write(0, &[9; 4 * 4096]).unwrap();
+        control.deferring(|| {
+            backend.set_len(5 * 4096).unwrap();
+            backend.write(0, &[1; 4096]).unwrap();
+            backend.sync_data().unwrap(); // the growth's
+            backend.write(4096, &[2; 4096]).unwrap();
+            backend.sync_data().unwrap(); // the commit's
+            backend.write(2 * 4096, &[3; 4096]).unwrap();
+            backend.write(4096, &[4; 4096]).unwrap();
+        });
+        {
+            let pages = control.pages();
+            assert!(pages.grew);
+            assert_eq!(pages.by_offset.keys().copied().collect::<Vec<_>>(), [0, 4096]);
+            assert_eq!(
+                pages.after_sync.keys().copied().collect::<Vec<_>>(),
+                [4096, 2 * 4096]
+            );
+        }
+        let want: Vec<u8> = [1, 4, 3, 9, 0].iter().flat_map(|b| [*b; 4096]).collect();
+        let mut seen = vec![0; 5 * 4096];
+        backend.read(0, &mut seen).unwrap();
+        assert_eq!(seen, want);
+        control.settle().unwrap();
+        assert!(!control.is_owed());
+        let on_disk = std::fs::read(dir.path().join("f")).unwrap();
+        assert_eq!(on_disk, want);
+        let pages = control.pages();
+        assert!(pages.is_empty() && !pages.grew);
     }
 
     /// A checkpoint whose commit makes redb's file shorter leaves the cut owed with its pages:
