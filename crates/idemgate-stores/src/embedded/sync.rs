@@ -22,10 +22,14 @@
 //!   write buffer, so this normally costs nothing: the next write is the next checkpoint's.
 //! - The writer settles before each checkpoint, so at most one checkpoint is ever owed, and
 //!   the journal file that the one before it needs is reused only once that one is on disk.
-//! - A checkpoint that makes the file shorter owes the cut too ([`Backend::set_len`]): redb
-//!   cuts right after a durable commit's fsync, and its open takes a file shorter than an
-//!   unclean header's layout as the layout, so a cut made before the header naming it is on
-//!   disk loses pages the commit before still uses.
+//! - The owed work keeps redb's order around the fsyncs it asked for (a growth's, the commit's,
+//!   any after it): each segment of writes between two is written after the fsync before it.
+//!   redb relies on it: it makes a growth durable before a header names it, and after its
+//!   commit's fsync it may reuse pages the commit before still uses.
+//! - A checkpoint that makes the file shorter owes the cut too ([`Backend::set_len`]), made
+//!   last: redb cuts right after a durable commit's fsync, and its open takes a file shorter
+//!   than an unclean header's layout as the layout, so a cut made before the header naming it
+//!   is on disk loses pages the commit before still uses.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -69,35 +73,25 @@ struct State {
 
 #[derive(Debug, Default)]
 struct Pages {
-    /// What the owed checkpoint wrote up to its (skipped) fsync, by offset.
-    by_offset: BTreeMap<u64, Box<[u8]>>,
-    /// What was written after that fsync while the deferral lasted: redb's work after a commit,
-    /// which may reuse pages the commit before still names, trusting the fsync to be made. Written
-    /// only once it is.
-    after_sync: BTreeMap<u64, Box<[u8]>>,
-    /// The deferral's commit has called its fsync: later writes go to `after_sync`.
-    synced: bool,
-    /// The deferral grew the file: redb makes a growth durable before a header can name it, so
-    /// the owed work starts with an fsync.
-    grew: bool,
+    /// The owed writes, by offset, in segments split by the fsyncs redb asked for during the
+    /// deferral: `segments[i]` is what came after the `i`th. redb orders its writes around its
+    /// fsyncs (a growth made durable before a header names it, the commit's pages and header
+    /// before its fsync, pages the commit before may still use reused only after it), so the
+    /// owed work replays them in that order.
+    segments: Vec<BTreeMap<u64, Box<[u8]>>>,
+    /// The fsyncs redb asked for during the deferral.
+    syncs: usize,
     /// The longest kept write, so a read knows how far back one may start and still reach it.
     longest: u64,
-    /// The length the owed checkpoint cut the file to, made once its pages and fsync are: the
+    /// The length the owed checkpoint cut the file to, made once its pages and fsyncs are: the
     /// file's length as redb sees it until then.
     cut_to: Option<u64>,
 }
 
 impl Pages {
-    fn kept(&mut self, after_sync: bool) -> &mut BTreeMap<u64, Box<[u8]>> {
-        if after_sync {
-            &mut self.after_sync
-        } else {
-            &mut self.by_offset
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.by_offset.is_empty() && self.after_sync.is_empty()
+    /// Work owed: pages, an fsync or a cut.
+    fn owes(&self) -> bool {
+        self.segments.iter().any(|s| !s.is_empty()) || self.syncs > 0 || self.cut_to.is_some()
     }
 }
 
@@ -135,7 +129,7 @@ impl Control {
                 let kept = {
                     let pages = control.pages();
                     control.defer.store(false, Ordering::Release);
-                    control.has_pages.load(Ordering::Acquire) || pages.cut_to.is_some()
+                    pages.owes()
                 };
                 // A commit that failed before its fsync leaves pages but owes nothing: still
                 // written out (and synced) before anything else touches the file.
@@ -146,9 +140,7 @@ impl Control {
             }
         }
         {
-            let mut pages = self.pages();
-            pages.synced = false;
-            pages.grew = false;
+            let _pages = self.pages();
             self.defer.store(true, Ordering::Release);
         }
         let _end = End(self);
@@ -181,14 +173,7 @@ impl Control {
         state.owed = false;
         state.syncing = true;
         drop(state);
-        // redb's order: a growth durable before the header naming it, the commit's pages and
-        // header, its fsync, the cut it makes after that, then what it wrote after the fsync.
-        let grew = std::mem::take(&mut self.pages().grew);
-        let result = (if grew { self.file.sync_data() } else { Ok(()) })
-            .and_then(|()| self.write_pages(false))
-            .and_then(|()| self.file.sync_data())
-            .and_then(|()| self.cut())
-            .and_then(|()| self.write_pages(true));
+        let result = self.replay();
         let mut state = self.lock();
         state.syncing = false;
         if let Err(e) = result {
@@ -196,26 +181,54 @@ impl Control {
         }
         // None are added while work is owed (the writer settles before each checkpoint); were
         // one ever left, it stays owed rather than be read over newer data.
-        if self.has_pages.load(Ordering::Acquire) || self.pages().cut_to.is_some() {
+        if self.pages().owes() {
             state.owed = true;
         }
         self.changed.notify_all();
         state
     }
 
-    /// Writes the kept pages of before the commit's fsync, or of after it.
-    fn write_pages(&self, after_sync: bool) -> io::Result<()> {
-        if !self.has_pages.load(Ordering::Acquire) {
-            return Ok(());
+    /// Makes the owed work in the order redb asked for it: each segment's pages, then the
+    /// fsync that ended it; then the cut, last (a file longer than its layout is what redb
+    /// leaves after a crash inside its own resize; one shorter loses a durable commit's pages).
+    /// A deferral whose commit failed before its fsync still has its pages synced.
+    fn replay(&self) -> io::Result<()> {
+        let (segments, syncs) = {
+            let pages = self.pages();
+            (pages.segments.len(), pages.syncs)
+        };
+        for i in 0..segments.max(syncs) {
+            self.write_segment(i)?;
+            if i < syncs {
+                self.file.sync_data()?;
+            }
         }
+        if syncs == 0 && segments > 0 {
+            self.file.sync_data()?;
+        }
+        let mut pages = self.pages();
+        if let Some(len) = pages.cut_to {
+            self.file.set_len(len)?;
+        }
+        *pages = Pages::default();
+        self.has_pages.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// Writes one segment's pages; they stay readable (over the file) until the whole work is
+    /// done.
+    fn write_segment(&self, i: usize) -> io::Result<()> {
         // Pages are added only while `defer` is set, which ends (under the `pages` lock)
         // before they are owed, and only this (under `syncing`) removes them; so the lock is
         // taken per page: a read waits for one `pwrite` at most.
-        let offsets: Vec<u64> = self.pages().kept(after_sync).keys().copied().collect();
-        for (i, &offset) in offsets.iter().enumerate() {
+        let offsets: Vec<u64> = match self.pages().segments.get(i) {
+            Some(segment) => segment.keys().copied().collect(),
+            None => return Ok(()),
+        };
+        for (n, &offset) in offsets.iter().enumerate() {
             {
-                let mut pages = self.pages();
-                if let Some(page) = pages.kept(after_sync).get(&offset) {
+                let pages = self.pages();
+                if let Some(page) = pages.segments[i].get(&offset) {
                     self.file.write(offset, page)?;
                 }
             }
@@ -223,31 +236,9 @@ impl Control {
             // misses/s) share the core with the requests: in one run they held them that long.
             // Yielding every few pages lets the requests in between (closed-loop p99 2.5-3.4 ms
             // against 3.9-4.3 ms, docs/benchmarks.md).
-            if i % PAGES_PER_YIELD == PAGES_PER_YIELD - 1 {
+            if n % PAGES_PER_YIELD == PAGES_PER_YIELD - 1 {
                 std::thread::yield_now();
             }
-        }
-        let mut pages = self.pages();
-        let kept = pages.kept(after_sync);
-        for offset in &offsets {
-            kept.remove(offset);
-        }
-        if pages.is_empty() {
-            pages.longest = 0;
-            self.has_pages.store(false, Ordering::Release);
-        }
-        Ok(())
-    }
-
-    /// Makes the owed cut, after the fsync of the header that names the shorter file: redb's
-    /// own order (its commit resizes after its flush), which its open relies on (a file found
-    /// shorter than an unclean header's layout is taken as the layout, and a durable commit's
-    /// pages past it are gone).
-    fn cut(&self) -> io::Result<()> {
-        let mut pages = self.pages();
-        if let Some(len) = pages.cut_to {
-            self.file.set_len(len)?;
-            pages.cut_to = None;
         }
         Ok(())
     }
@@ -322,9 +313,8 @@ impl StorageBackend for Backend {
         self.0.file.read(offset, out)?;
         let end = offset + out.len() as u64;
         let from = offset.saturating_sub(pages.longest);
-        // What was written after the commit's fsync is newer: laid over the rest.
-        let kept = pages.by_offset.range(from..end);
-        for (&at, page) in kept.chain(pages.after_sync.range(from..end)) {
+        // Later segments are newer: laid over the earlier ones.
+        for (&at, page) in pages.segments.iter().flat_map(|s| s.range(from..end)) {
             let (start, stop) = (at.max(offset), (at + page.len() as u64).min(end));
             if start < stop {
                 let (src, dst) = ((start - at) as usize, (start - offset) as usize);
@@ -349,7 +339,6 @@ impl StorageBackend for Backend {
                     return Ok(());
                 }
                 pages.cut_to = None;
-                pages.grew = true;
                 return self.0.file.set_len(len);
             }
         }
@@ -361,12 +350,9 @@ impl StorageBackend for Backend {
         {
             let mut pages = self.0.pages();
             if self.0.defer.load(Ordering::Acquire) {
-                // Owed: `Control::deferring` marks it so once the commit returns. Everything
-                // written so far goes before it (a second fsync, a growth's then the commit's,
-                // moves the writes between them in front too).
-                let after = std::mem::take(&mut pages.after_sync);
-                pages.by_offset.extend(after);
-                pages.synced = true;
+                // Owed, after what was written before it: `Control::deferring` marks it so once
+                // the commit returns.
+                pages.syncs += 1;
                 return Ok(());
             }
         }
@@ -381,8 +367,11 @@ impl StorageBackend for Backend {
             let mut pages = self.0.pages();
             if self.0.defer.load(Ordering::Acquire) {
                 pages.longest = pages.longest.max(data.len() as u64);
-                let after_sync = pages.synced;
-                pages.kept(after_sync).insert(offset, data.into());
+                let segment = pages.syncs;
+                if pages.segments.len() <= segment {
+                    pages.segments.resize_with(segment + 1, BTreeMap::new);
+                }
+                pages.segments[segment].insert(offset, data.into());
                 self.0.has_pages.store(true, Ordering::Release);
                 return Ok(());
             }
@@ -498,11 +487,11 @@ mod tests {
         assert_eq!(read(0, 5 * 4096), want);
     }
 
-    /// What a deferred commit writes after its (skipped) fsync, redb's work after a commit, is
-    /// kept apart and written after the fsync; a second fsync (a growth's, then the commit's)
-    /// puts what came before it in front. Reads see the newest bytes throughout.
+    /// The owed writes keep their order around the fsyncs redb asked for during the deferral
+    /// (a growth's, the commit's, a growth's after the commit): each segment between two is
+    /// written after the fsync before it. Reads see the newest bytes throughout.
     #[test]
-    fn writes_after_the_owed_fsync_are_kept_apart() {
+    fn owed_writes_keep_their_order_around_the_fsyncs() {
         let dir = tempfile::tempdir().unwrap();
         let control = Control::new(open(&dir.path().join("f"))).unwrap();
         let backend = Backend(control.clone());
@@ -510,32 +499,34 @@ mod tests {
         backend.write(0, &[9; 4 * 4096]).unwrap();
         control.deferring(|| {
             backend.set_len(5 * 4096).unwrap();
-            backend.write(0, &[1; 4096]).unwrap();
             backend.sync_data().unwrap(); // the growth's
+            backend.write(0, &[1; 4096]).unwrap();
             backend.write(4096, &[2; 4096]).unwrap();
             backend.sync_data().unwrap(); // the commit's
             backend.write(2 * 4096, &[3; 4096]).unwrap();
             backend.write(4096, &[4; 4096]).unwrap();
+            backend.set_len(6 * 4096).unwrap();
+            backend.sync_data().unwrap(); // a growth's after the commit
+            backend.write(5 * 4096, &[5; 4096]).unwrap();
         });
         {
             let pages = control.pages();
-            assert!(pages.grew);
-            assert_eq!(pages.by_offset.keys().copied().collect::<Vec<_>>(), [0, 4096]);
-            assert_eq!(
-                pages.after_sync.keys().copied().collect::<Vec<_>>(),
-                [4096, 2 * 4096]
-            );
+            let offsets: Vec<Vec<u64>> = pages
+                .segments
+                .iter()
+                .map(|s| s.keys().map(|o| o / 4096).collect())
+                .collect();
+            assert_eq!(offsets, [vec![], vec![0, 1], vec![1, 2], vec![5]]);
+            assert_eq!(pages.syncs, 3);
         }
-        let want: Vec<u8> = [1, 4, 3, 9, 0].iter().flat_map(|b| [*b; 4096]).collect();
-        let mut seen = vec![0; 5 * 4096];
+        let want: Vec<u8> = [1, 4, 3, 9, 0, 5].iter().flat_map(|b| [*b; 4096]).collect();
+        let mut seen = vec![0; 6 * 4096];
         backend.read(0, &mut seen).unwrap();
         assert_eq!(seen, want);
         control.settle().unwrap();
         assert!(!control.is_owed());
-        let on_disk = std::fs::read(dir.path().join("f")).unwrap();
-        assert_eq!(on_disk, want);
-        let pages = control.pages();
-        assert!(pages.is_empty() && !pages.grew);
+        assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), want);
+        assert!(!control.pages().owes());
     }
 
     /// A checkpoint whose commit makes redb's file shorter leaves the cut owed with its pages:
