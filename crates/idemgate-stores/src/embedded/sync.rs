@@ -126,6 +126,12 @@ impl Control {
         impl Drop for End<'_> {
             fn drop(&mut self) {
                 let control = self.0;
+                // The deferral ends and its work becomes owed in one step, under the state lock
+                // `settle` reads: a write-back that comes after the deferral (redb's readers
+                // write buffered pages back on their own threads, and the buffer may hold pages
+                // the post-commit pass reused) cannot find the work neither kept nor owed and
+                // go to the file before it.
+                let mut state = control.lock();
                 let kept = {
                     let pages = control.pages();
                     control.defer.store(false, Ordering::Release);
@@ -134,13 +140,14 @@ impl Control {
                 // A commit that failed before its fsync leaves pages but owes nothing: still
                 // written out (and synced) before anything else touches the file.
                 if kept {
-                    control.lock().owed = true;
+                    state.owed = true;
                     control.changed.notify_all();
                 }
             }
         }
         {
-            let _pages = self.pages();
+            let pages = self.pages();
+            debug_assert!(!pages.owes(), "a deferral began with work still owed");
             self.defer.store(true, Ordering::Release);
         }
         let _end = End(self);
