@@ -60,6 +60,18 @@ pub(super) struct Control {
     /// Set by a test: the sync thread leaves owed work alone (a writer still does it).
     #[cfg(test)]
     held: AtomicBool,
+    /// What the owed work did to the file, in order, for tests of that order.
+    #[cfg(test)]
+    replayed: Mutex<Vec<Replayed>>,
+}
+
+/// One step of the owed work on the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(test), allow(dead_code))] // only recorded by tests
+enum Replayed {
+    Write(u64),
+    Sync,
+    Cut(u64),
 }
 
 #[derive(Debug, Default)]
@@ -106,6 +118,8 @@ impl Control {
             has_pages: AtomicBool::new(false),
             #[cfg(test)]
             held: AtomicBool::new(false),
+            #[cfg(test)]
+            replayed: Mutex::default(),
         }))
     }
 
@@ -208,19 +222,31 @@ impl Control {
             self.write_segment(i)?;
             if i < syncs {
                 self.file.sync_data()?;
+                self.record(Replayed::Sync);
             }
         }
         if syncs == 0 && segments > 0 {
             self.file.sync_data()?;
+            self.record(Replayed::Sync);
         }
         let mut pages = self.pages();
         if let Some(len) = pages.cut_to {
             self.file.set_len(len)?;
+            self.record(Replayed::Cut(len));
         }
         *pages = Pages::default();
         self.has_pages.store(false, Ordering::Release);
         Ok(())
     }
+
+    #[cfg(test)]
+    fn record(&self, step: Replayed) {
+        self.replayed.lock().unwrap().push(step);
+    }
+
+    #[cfg(not(test))]
+    #[allow(clippy::unused_self)]
+    fn record(&self, _: Replayed) {}
 
     /// Writes one segment's pages; they stay readable (over the file) until the whole work is
     /// done.
@@ -237,6 +263,7 @@ impl Control {
                 let pages = self.pages();
                 if let Some(page) = pages.segments[i].get(&offset) {
                     self.file.write(offset, page)?;
+                    self.record(Replayed::Write(offset));
                 }
             }
             // On a one-core gateway these writes (about 1.5 ms of CPU per checkpoint at 26k
@@ -532,6 +559,12 @@ mod tests {
         assert_eq!(seen, want);
         control.settle().unwrap();
         assert!(!control.is_owed());
+        use Replayed::{Sync, Write};
+        let page = |n: u64| Write(n * 4096);
+        assert_eq!(
+            *control.replayed.lock().unwrap(),
+            [Sync, page(0), page(1), Sync, page(1), page(2), Sync, page(5)]
+        );
         assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), want);
         assert!(!control.pages().owes());
     }
@@ -633,8 +666,12 @@ mod tests {
             "the cut was made before the checkpoint's fsync"
         );
 
+        control.replayed.lock().unwrap().clear();
         control.settle().unwrap();
         assert_eq!(physical(), len, "the owed cut is made with the rest of the work");
+        let replayed = control.replayed.lock().unwrap().clone();
+        assert_eq!(replayed.last(), Some(&Replayed::Cut(len)), "{replayed:?}");
+        assert!(replayed.contains(&Replayed::Sync), "{replayed:?}");
         assert_eq!(Backend(control.clone()).len().unwrap(), len);
         drop(db);
     }
