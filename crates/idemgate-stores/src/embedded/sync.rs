@@ -325,6 +325,32 @@ impl Control {
     }
 }
 
+/// Adds a write to a segment so that no two of its pages overlap, whatever order they are later
+/// written or read in: redb's pages nest (its allocator splits and merges them in halves), so a
+/// page freed and merged into a larger one, or split out of one, within a deferral can be
+/// written over one kept earlier at another offset. The newer bytes win.
+fn keep(segment: &mut BTreeMap<u64, Box<[u8]>>, offset: u64, data: &[u8]) {
+    let end = offset + data.len() as u64;
+    if let Some((&at, page)) = segment.range_mut(..=offset).next_back()
+        && at + page.len() as u64 >= end
+    {
+        // Inside an earlier page (or the same one again): written into it.
+        let from = usize::try_from(offset - at).expect("within a kept page");
+        page[from..from + data.len()].copy_from_slice(data);
+        return;
+    }
+    // Earlier pages it covers are gone.
+    let covered: Vec<u64> = segment
+        .range(offset..end)
+        .filter(|(at, page)| **at + page.len() as u64 <= end)
+        .map(|(at, _)| *at)
+        .collect();
+    for at in covered {
+        segment.remove(&at);
+    }
+    segment.insert(offset, data.into());
+}
+
 /// redb's storage: its file backend, with writes and syncs going through [`Control`].
 #[derive(Debug)]
 pub(super) struct Backend(pub Arc<Control>);
@@ -405,7 +431,7 @@ impl StorageBackend for Backend {
                 if pages.segments.len() <= segment {
                     pages.segments.resize_with(segment + 1, BTreeMap::new);
                 }
-                pages.segments[segment].insert(offset, data.into());
+                keep(&mut pages.segments[segment], offset, data);
                 self.0.has_pages.store(true, Ordering::Release);
                 return Ok(());
             }
@@ -567,6 +593,36 @@ mod tests {
         );
         assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), want);
         assert!(!control.pages().owes());
+    }
+
+    /// Nested writes at different offsets within one segment (a page merged into a larger one,
+    /// or split out of one) end up as the newest bytes, read and written.
+    #[test]
+    fn nested_owed_writes_keep_the_newest_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let control = Control::new(open(&dir.path().join("f"))).unwrap();
+        let backend = Backend(control.clone());
+        backend.set_len(4 * 4096).unwrap();
+        backend.write(0, &[9; 4 * 4096]).unwrap();
+        control.deferring(|| {
+            backend.write(4096, &[1; 4096]).unwrap();
+            // Merged: the larger page covers the one kept at a higher offset.
+            backend.write(0, &[2; 8192]).unwrap();
+            // Split: a smaller page inside the larger one.
+            backend.write(4096, &[3; 4096]).unwrap();
+            backend.write(3 * 4096, &[4; 4096]).unwrap();
+            backend.write(2 * 4096, &[5; 8192]).unwrap();
+        });
+        assert_eq!(
+            control.pages().segments[0].keys().copied().collect::<Vec<_>>(),
+            [0, 2 * 4096]
+        );
+        let want: Vec<u8> = [2, 3, 5, 5].iter().flat_map(|b| [*b; 4096]).collect();
+        let mut seen = vec![0; 4 * 4096];
+        backend.read(0, &mut seen).unwrap();
+        assert_eq!(seen, want);
+        control.settle().unwrap();
+        assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), want);
     }
 
     /// A checkpoint whose commit makes redb's file shorter leaves the cut owed with its pages:
