@@ -478,6 +478,16 @@ impl StorageBackend for Backend {
 mod tests {
     use super::*;
 
+    /// A file `f` of `pages` pages of 9s, its control and backend.
+    fn nines(pages: usize) -> (tempfile::TempDir, Arc<Control>, Backend) {
+        let dir = tempfile::tempdir().unwrap();
+        let control = Control::new(open(&dir.path().join("f"))).unwrap();
+        let backend = Backend(control.clone());
+        backend.set_len(pages as u64 * 4096).unwrap();
+        backend.write(0, &vec![9; pages * 4096]).unwrap();
+        (dir, control, backend)
+    }
+
     fn open(path: &std::path::Path) -> File {
         std::fs::OpenOptions::new()
             .read(true)
@@ -492,11 +502,7 @@ mod tests {
     /// whatever the file holds, until the work is done; then from the file.
     #[test]
     fn kept_pages_are_read_over_the_file_until_written() {
-        let dir = tempfile::tempdir().unwrap();
-        let control = Control::new(open(&dir.path().join("f"))).unwrap();
-        let backend = Backend(control.clone());
-        backend.set_len(5 * 4096).unwrap();
-        backend.write(0, &[9; 5 * 4096]).unwrap();
+        let (dir, control, backend) = nines(5);
         let read = |offset: u64, len: usize| {
             let mut out = vec![0; len];
             backend.read(offset, &mut out).unwrap();
@@ -552,11 +558,7 @@ mod tests {
     /// written after the fsync before it. Reads see the newest bytes throughout.
     #[test]
     fn owed_writes_keep_their_order_around_the_fsyncs() {
-        let dir = tempfile::tempdir().unwrap();
-        let control = Control::new(open(&dir.path().join("f"))).unwrap();
-        let backend = Backend(control.clone());
-        backend.set_len(4 * 4096).unwrap();
-        backend.write(0, &[9; 4 * 4096]).unwrap();
+        let (dir, control, backend) = nines(4);
         control.deferring(|| {
             backend.set_len(5 * 4096).unwrap();
             backend.sync_data().unwrap(); // the growth's
@@ -599,11 +601,7 @@ mod tests {
     /// or split out of one) end up as the newest bytes, read and written.
     #[test]
     fn nested_owed_writes_keep_the_newest_bytes() {
-        let dir = tempfile::tempdir().unwrap();
-        let control = Control::new(open(&dir.path().join("f"))).unwrap();
-        let backend = Backend(control.clone());
-        backend.set_len(4 * 4096).unwrap();
-        backend.write(0, &[9; 4 * 4096]).unwrap();
+        let (dir, control, backend) = nines(4);
         control.deferring(|| {
             backend.write(4096, &[1; 4096]).unwrap();
             // Merged: the larger page covers the one kept at a higher offset.
