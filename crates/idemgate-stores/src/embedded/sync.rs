@@ -214,9 +214,9 @@ impl Control {
     /// leaves after a crash inside its own resize; one shorter loses a durable commit's pages).
     /// A deferral whose commit failed before its fsync still has its pages synced.
     fn replay(&self) -> io::Result<()> {
-        let (segments, syncs) = {
+        let (segments, syncs, cut) = {
             let pages = self.pages();
-            (pages.segments.len(), pages.syncs)
+            (pages.segments.len(), pages.syncs, pages.cut_to.is_some())
         };
         for i in 0..segments.max(syncs) {
             self.write_segment(i)?;
@@ -225,7 +225,9 @@ impl Control {
                 self.record(Replayed::Sync);
             }
         }
-        if syncs == 0 && segments > 0 {
+        // A cut never comes before an fsync, even one redb did not ask for (a growth rolled
+        // back after a failed commit).
+        if syncs == 0 && (segments > 0 || cut) {
             self.file.sync_data()?;
             self.record(Replayed::Sync);
         }
@@ -339,6 +341,16 @@ fn keep(segment: &mut BTreeMap<u64, Box<[u8]>>, offset: u64, data: &[u8]) {
         page[from..from + data.len()].copy_from_slice(data);
         return;
     }
+    debug_assert!(
+        segment
+            .range(..offset)
+            .next_back()
+            .is_none_or(|(at, page)| at + page.len() as u64 <= offset)
+            && segment
+                .range(offset..end)
+                .all(|(at, page)| at + page.len() as u64 <= end),
+        "a write that partly overlaps a kept page (redb's pages nest or are apart)"
+    );
     // Earlier pages it covers are gone.
     let covered: Vec<u64> = segment
         .range(offset..end)
