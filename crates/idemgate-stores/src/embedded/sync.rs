@@ -188,8 +188,8 @@ impl Control {
         }
     }
 
-    /// Writes the kept pages and makes the fsync, the state lock released meanwhile. The pages
-    /// stay readable until they are in the file.
+    /// Makes the owed work ([`Control::replay`]), the state lock released meanwhile. The pages
+    /// stay readable until all of it is done.
     fn sync<'a>(&'a self, mut state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
         state.owed = false;
         state.syncing = true;
@@ -200,8 +200,9 @@ impl Control {
         if let Err(e) = result {
             state.failed = Some(e.to_string());
         }
-        // None are added while work is owed (the writer settles before each checkpoint); were
-        // one ever left, it stays owed rather than be read over newer data.
+        // `replay` clears the work it made, and none is added while work is owed (the writer
+        // settles before each checkpoint); work a failed replay left stays owed rather than be
+        // read over newer data.
         if self.pages().owes() {
             state.owed = true;
         }
@@ -254,8 +255,8 @@ impl Control {
     /// done.
     fn write_segment(&self, i: usize) -> io::Result<()> {
         // Pages are added only while `defer` is set, which ends (under the `pages` lock)
-        // before they are owed, and only this (under `syncing`) removes them; so the lock is
-        // taken per page: a read waits for one `pwrite` at most.
+        // before they are owed, and only `replay` (under `syncing`, once all are written) removes
+        // them; so the lock is taken per page: a read waits for one `pwrite` at most.
         let offsets: Vec<u64> = match self.pages().segments.get(i) {
             Some(segment) => segment.keys().copied().collect(),
             None => return Ok(()),
