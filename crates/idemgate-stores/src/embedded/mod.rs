@@ -32,6 +32,8 @@
 
 mod batch;
 mod journal;
+#[cfg(test)]
+mod kill_tests;
 mod ops;
 mod reserved;
 mod snapshot;

@@ -1,7 +1,7 @@
 use super::*;
 use idemgate_core::{Fingerprint, RecordState};
 
-fn req(token: LeaseToken, now: Millis) -> BeginRequest<'static> {
+pub(super) fn req(token: LeaseToken, now: Millis) -> BeginRequest<'static> {
     BeginRequest {
         fingerprint: Fingerprint([1; 32]),
         route: "r",
@@ -20,7 +20,7 @@ fn open() -> (tempfile::TempDir, Arc<EmbeddedStore>) {
     (dir, store)
 }
 
-const CRASH_DIR: &str = "IDEMGATE_TEST_JOURNAL_CRASH_DIR";
+pub(super) const CRASH_DIR: &str = "IDEMGATE_TEST_JOURNAL_CRASH_DIR";
 const ROUNDS: usize = 2;
 const KEYS: usize = 60;
 
