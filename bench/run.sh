@@ -570,7 +570,14 @@ dedup_rows() {
   r1="$(post_key "$port" "$sk")"; r2="$(post_key "$port" "$sk")"
   [[ "$r1" == "200 false" && "$r2" == "200 true" ]] \
     || die "$target: dedup sanity check failed (first: '$r1', second: '$r2'; expected '200 false' then '200 true')"
-  if has "$SCENARIOS" passthrough; then bench_row passthrough "$target" "$port" passthrough "$pid"; fi
+  if has "$SCENARIOS" passthrough; then
+    # nginx again right before each idemgate passthrough row: the passthrough target compares
+    # the two measured a minute apart, not nginx's first row with one measured many minutes later
+    if [[ -n "${BESIDE_NGINX:-}" ]]; then
+      bench_row passthrough "nginx proxy_pass, beside $BESIDE_NGINX" $PROXY_PORT passthrough "$PROXY_PID"
+    fi
+    bench_row passthrough "$target" "$port" passthrough "$pid"
+  fi
   if has "$SCENARIOS" miss; then bench_row miss "$target" "$port" miss "$pid"; MISS_PEAK="$LAST_RPS"; fi
   if has "$SCENARIOS" replay || [[ -n "${WANT_POOL:-}" ]]; then
     pool_prefix="$(keyp r)-"
@@ -736,6 +743,7 @@ for store in ${PER_STORE:+${STORES//,/ }}; do
   saved=("${OWN_PIDS[@]}"); sp="$(store_pids "$store")"; if [[ -n "$sp" ]]; then OWN_PIDS+=("$sp"); fi
   MISS_PEAK=0; POOL_PREFIX=""
   WANT_POOL=$([[ "$store" == redis || "$store" == postgres ]] && echo 1 || true) \
+    BESIDE_NGINX=$(has "$PEERS" nginx && echo "$store" || true) \
     dedup_rows "$target" $GW_PORT "$GW_PID"
   if [[ "$store" == redis || "$store" == postgres ]]; then round_trips "$store" "$target"; fi
   if has "$SCENARIOS" storm; then
