@@ -222,7 +222,12 @@ def main():
                 unsaturated.append(f"{s} / {t}: the target used {r['sut']:.0f}% of its core, the load core "
                                    f"was {r['load']:.0f}% busy")
             rng = f" ({fmt_int(r['lo'])}-{fmt_int(r['hi'])})" if repeat > 1 else ""
-            xn = f"{r['rps'] / nginx_rps:.2f}" if nginx_rps else "n/a"
+            # An idemgate passthrough row is read against nginx measured just before it.
+            ref = nginx_rps
+            if s == "passthrough" and t.startswith("idemgate ("):
+                beside = rows.get((s, beside_nginx(t[len("idemgate ("):-1])))
+                ref = beside["rps"] if beside and beside["rps"] else nginx_rps
+            xn = f"{r['rps'] / ref:.2f}" if ref else "n/a"
             is_peer = t in NODE_PEERS or t.startswith(NGINX) or t.startswith("upstream")
             xb = f"{r['rps'] / best_peer:.2f}" if best_peer and not is_peer else ""
             if s == "mixed":
@@ -235,7 +240,8 @@ def main():
         if best_name and any((s, gw(st)) in rows for st in STORES):
             pass
     w("")
-    w("× nginx: req/s over nginx `proxy_pass` passthrough req/s. × best peer: req/s over the fastest peer "
+    w("× nginx: req/s over nginx `proxy_pass` passthrough req/s (for idemgate's passthrough rows, over the "
+      "nginx row measured just before them, \"beside\" the store). × best peer: req/s over the fastest peer "
       "(nginx, express-idempotency, node-idempotency) in the same scenario; nginx and the upstream have no "
       "deduplication, so in miss, replay and mixed the best peer is a Node middleware. RSS is VmRSS of the "
       "process under test at the end of the row (nginx: master + worker; Node: the node process; "
@@ -375,10 +381,11 @@ def main():
 
     for st in STORES:
         r, beside = row("passthrough", gw(st)), row("passthrough", beside_nginx(st))
-        ref = beside["rps"] if beside else nginx_rps
+        near = bool(beside and beside["rps"])
+        ref = beside["rps"] if near else nginx_rps
         if r and ref:
             v = r["rps"] / ref
-            when = ", nginx measured just before" if beside else ""
+            when = ", nginx measured just before" if near else ""
             w(f"| passthrough ({st}) | ≥ 1.0× nginx `proxy_pass` | {v:.2f}× ({fmt_int(r['rps'])} vs "
               f"{fmt_int(ref)} req/s{when}) | {verdict(v >= 1.0)} {short_by(v, 1.0)} |")
     for st, need, label in [("memory", 0.9, "miss, memory store"), ("embedded", 0.5, "miss, embedded store, durable")]:

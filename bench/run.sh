@@ -374,7 +374,12 @@ CLK_TCK="$(getconf CLK_TCK)"
 # the idle nginx peer, the slow upstream, and Redis or PostgreSQL while a row uses them.
 # Their CPU is not "foreign".
 OWN_PIDS=()
-own_ticks() { local t=0 p; for p in "${OWN_PIDS[@]+"${OWN_PIDS[@]}"}"; do t=$((t + $(proc_ticks "$p"))); done; echo "$t"; }
+# own_ticks [SUT_PID]: the CPU of OWN_PIDS but the one under test (the nginx peer is both in its rows)
+own_ticks() {
+  local t=0 p
+  for p in "${OWN_PIDS[@]+"${OWN_PIDS[@]}"}"; do [[ "$p" == "${1:-}" ]] || t=$((t + $(proc_ticks "$p"))); done
+  echo "$t"
+}
 # foreign_begin SUT_PID / foreign_end SUT_PID LOADGEN_TICKS -> FOREIGN, STEAL and SUT_PCT (% of one
 # core over the wall-clock time between the two calls). FOREIGN is the CPU this run lost: other
 # processes' busy time plus the host's steal time; STEAL is the steal part alone; SUT_PCT is what
@@ -387,11 +392,11 @@ load_cpu_ticks() {
 }
 foreign_begin() {
   F_T0="$(uptime_ticks)"; F_BUSY0="$(cpu_busy_ticks)"; F_STEAL0="$(cpu_steal_ticks)"
-  F_SUT0="$(proc_ticks "$1")"; F_OWN0="$(own_ticks)"; F_LOAD0="$(load_cpu_ticks)"
+  F_SUT0="$(proc_ticks "$1")"; F_OWN0="$(own_ticks "$1")"; F_LOAD0="$(load_cpu_ticks)"
 }
 foreign_end() {
   local busy1 steal1 sut1 own1 t1
-  busy1="$(cpu_busy_ticks)"; steal1="$(cpu_steal_ticks)"; sut1="$(proc_ticks "$1")"; own1="$(own_ticks)"; t1="$(uptime_ticks)"
+  busy1="$(cpu_busy_ticks)"; steal1="$(cpu_steal_ticks)"; sut1="$(proc_ticks "$1")"; own1="$(own_ticks "$1")"; t1="$(uptime_ticks)"
   read -r FOREIGN STEAL SUT_PCT < <(awk -v b=$((busy1 - F_BUSY0)) -v s=$((sut1 - F_SUT0)) -v o=$((own1 - F_OWN0)) \
       -v w="$2" -v st=$((steal1 - F_STEAL0)) -v d=$((t1 - F_T0)) 'BEGIN {
         if (d < 1) d = 1; f = 100 * (b - s - o - w) / d; if (f < 0) f = 0; st = 100 * st / d
@@ -562,9 +567,10 @@ EOF
   log "primed $POOL keys (${prefix}0 .. ${prefix}$((POOL - 1)))"
 }
 
-# dedup_rows TARGET PORT PID: the closed-loop rows of a deduplicating target
+# dedup_rows TARGET PORT PID [STORE]: the closed-loop rows of a deduplicating target; with STORE,
+# nginx's passthrough row again right before the target's ("beside STORE")
 dedup_rows() {
-  local target="$1" port="$2" pid="$3" r1 r2 sk pool_prefix
+  local target="$1" port="$2" pid="$3" beside="${4:-}" r1 r2 sk pool_prefix
   # sanity: first request with a key executes, the same request again replays
   sk="$(keyp s)"
   r1="$(post_key "$port" "$sk")"; r2="$(post_key "$port" "$sk")"
@@ -573,8 +579,8 @@ dedup_rows() {
   if has "$SCENARIOS" passthrough; then
     # nginx again right before each idemgate passthrough row: the passthrough target compares
     # the two measured a minute apart, not nginx's first row with one measured many minutes later
-    if [[ -n "${BESIDE_NGINX:-}" ]]; then
-      bench_row passthrough "nginx proxy_pass, beside $BESIDE_NGINX" $PROXY_PORT passthrough "$PROXY_PID"
+    if [[ -n "$beside" ]]; then
+      bench_row passthrough "nginx proxy_pass, beside $beside" $PROXY_PORT passthrough "$PROXY_PID"
     fi
     bench_row passthrough "$target" "$port" passthrough "$pid"
   fi
@@ -743,8 +749,7 @@ for store in ${PER_STORE:+${STORES//,/ }}; do
   saved=("${OWN_PIDS[@]}"); sp="$(store_pids "$store")"; if [[ -n "$sp" ]]; then OWN_PIDS+=("$sp"); fi
   MISS_PEAK=0; POOL_PREFIX=""
   WANT_POOL=$([[ "$store" == redis || "$store" == postgres ]] && echo 1 || true) \
-    BESIDE_NGINX=$(has "$PEERS" nginx && echo "$store" || true) \
-    dedup_rows "$target" $GW_PORT "$GW_PID"
+    dedup_rows "$target" $GW_PORT "$GW_PID" "$(has "$PEERS" nginx && echo "$store" || true)"
   if [[ "$store" == redis || "$store" == postgres ]]; then round_trips "$store" "$target"; fi
   if has "$SCENARIOS" storm; then
     r1="$(post_key $GW_PORT "$(keyp y)" "$STORM_PATH")"
