@@ -110,8 +110,8 @@ enum Kill {
     /// As soon as the file is seen longer.
     OnGrowth,
     /// As soon as the file is seen written (its modification time moves, in steps of a clock
-    /// tick): most often while the sync thread is still writing a checkpoint's pages, which
-    /// redb's open must then find incomplete and pass over for the commit before it.
+    /// tick): often while the sync thread is still writing a checkpoint's pages, which redb's
+    /// open must then find incomplete and pass over for the commit before it.
     OnWrite,
 }
 
