@@ -99,6 +99,10 @@ struct Checkpoints {
     /// one before it, as they may in the moment between a commit and its publish.
     #[cfg(test)]
     skip_next_publish: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Set by a test: redb's cache in bytes, small enough that readers write committed pages
+    /// back to the file themselves (redb does that when its cache is full).
+    #[cfg(test)]
+    cache_bytes: Option<usize>,
 }
 
 impl Checkpoints {
@@ -136,6 +140,8 @@ const CHECKPOINTS: Checkpoints = Checkpoints {
     fail_next_batch: None,
     #[cfg(test)]
     skip_next_publish: None,
+    #[cfg(test)]
+    cache_bytes: None,
 };
 
 /// A durable record store: records in a redb file and its journal, reservations that may be
@@ -184,8 +190,14 @@ impl EmbeddedStore {
             .open(&path)
             .map_err(StoreError::backend)?;
         let control = sync::Control::new(file).map_err(StoreError::backend)?;
+        #[allow(unused_mut)] // changed by tests only
+        let mut builder = redb::Builder::new();
+        #[cfg(test)]
+        if let Some(bytes) = checkpoints.cache_bytes {
+            builder.set_cache_size(bytes);
+        }
         let db = Arc::new(
-            redb::Builder::new()
+            builder
                 .create_with_backend(sync::Backend(control.clone()))
                 .map_err(StoreError::backend)?,
         );
