@@ -1,5 +1,7 @@
 //! `kill -9` during a churn that makes redb grow and cut its file at checkpoints whose disk
-//! work is owed (`sync.rs`): at the moment the file is seen cut or grown, and at a random one.
+//! work is owed (`sync.rs`): at the moment the file is seen cut, grown or written, and at a
+//! random one. A kill leaves the OS's page cache whole, so this checks the order in which writes
+//! and cuts reach the OS; the fsyncs between them are the unit tests' to check.
 //! The unit tests there build each ordering case by hand; this one meets them as they come, the
 //! way CI's checker found the cut made too early, but in every run instead of once in many.
 
@@ -46,7 +48,7 @@ fn body(round: u64, w: u64, i: u64, len: usize) -> StoredResponse {
 /// The child of `nothing_acknowledged_is_lost_to_kills_during_checkpoints`: opens the store
 /// (replaying what the last child's kill left), then writes outcomes from several writers,
 /// sweeping the short-lived ones, with a checkpoint every 2 ms, until it is killed. It prints
-/// `open` once the store is open and `kept ROUND W I LEN` once an outcome to keep is
+/// [`OPEN`] once the store is open and `kept ROUND W I LEN` once an outcome to keep is
 /// acknowledged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "the child process of nothing_acknowledged_is_lost_to_kills_during_checkpoints"]
