@@ -47,6 +47,15 @@ def beside_nginx(store):
     return f"{NGINX}, beside {store}"
 
 
+def passthrough_ref(rows, store, nginx_rps):
+    """The nginx req/s a store's passthrough is read against, and whether it is the row measured
+    just before it (else nginx's first row)."""
+    beside = rows.get(("passthrough", beside_nginx(store)))
+    if beside and beside["rps"]:
+        return beside["rps"], True
+    return nginx_rps, False
+
+
 def gw(store):
     return f"idemgate ({store})"
 
@@ -147,6 +156,7 @@ def main():
     targets_seen = [t for t in PEER_ORDER if any(k[1] == t for k in rows)]
     for st in STORES:
         targets_seen += [t for t in (beside_nginx(st), gw(st)) if any(k[1] == t for k in rows)]
+    store_of = {gw(st): st for st in STORES}
     extra = sorted({k[1] for k in rows} - set(targets_seen))
     targets_seen += extra
 
@@ -224,9 +234,8 @@ def main():
             rng = f" ({fmt_int(r['lo'])}-{fmt_int(r['hi'])})" if repeat > 1 else ""
             # An idemgate passthrough row is read against nginx measured just before it.
             ref = nginx_rps
-            if s == "passthrough" and t.startswith("idemgate ("):
-                beside = rows.get((s, beside_nginx(t[len("idemgate ("):-1])))
-                ref = beside["rps"] if beside and beside["rps"] else nginx_rps
+            if s == "passthrough" and t in store_of:
+                ref, _ = passthrough_ref(rows, store_of[t], nginx_rps)
             xn = f"{r['rps'] / ref:.2f}" if ref else "n/a"
             is_peer = t in NODE_PEERS or t.startswith(NGINX) or t.startswith("upstream")
             xb = f"{r['rps'] / best_peer:.2f}" if best_peer and not is_peer else ""
@@ -380,9 +389,8 @@ def main():
         return rows.get((s, t))
 
     for st in STORES:
-        r, beside = row("passthrough", gw(st)), row("passthrough", beside_nginx(st))
-        near = bool(beside and beside["rps"])
-        ref = beside["rps"] if near else nginx_rps
+        r = row("passthrough", gw(st))
+        ref, near = passthrough_ref(rows, st, nginx_rps)
         if r and ref:
             v = r["rps"] / ref
             when = ", nginx measured just before" if near else ""
