@@ -6,13 +6,13 @@
 //! way CI's checker found the cut made too early, but in every run instead of once in many.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Instant;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::tests::{CRASH_DIR, req};
+use super::tests::{CRASH_DIR, child_process, req};
 use super::*;
 use idemgate_core::RecordState;
 
@@ -146,20 +146,12 @@ impl Drop for KillOnDrop {
 /// Runs the child for round `round` and kills it `when` said (or fails if it ends first);
 /// returns the outcomes it kept and whether the kill came on the change `when` waited for.
 fn run_and_kill(dir: &Path, round: u64, seed: u64, small_cache: bool, when: Kill) -> (Vec<Kept>, bool) {
-    let mut command = Command::new(std::env::current_exe().unwrap());
+    let mut command = child_process("embedded::kill_tests::churn_kill_child", dir, Some(round));
     if small_cache {
         command.env(SMALL_CACHE, "1");
     }
     let mut child = KillOnDrop(
         command
-            .args([
-                "--exact",
-                "embedded::kill_tests::churn_kill_child",
-                "--ignored",
-                "--nocapture",
-            ])
-            .env(CRASH_DIR, dir)
-            .env("ROUND", round.to_string())
             .env(SEED, seed.to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

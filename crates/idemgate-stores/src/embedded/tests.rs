@@ -128,22 +128,29 @@ async fn once_let_go<T, E: std::fmt::Display>(open: impl Fn() -> Result<T, E>) -
     }
 }
 
-/// Runs the ignored test `child` of this module in a process of its own with the store in
-/// `dir`, expects it to abort, and returns what it printed.
-fn run_aborting_child(child: &str, dir: &std::path::Path, round: Option<usize>) -> String {
+/// This test binary, set to run only the ignored test `test` (its path under the crate), with
+/// the store in `dir` and `round` in `ROUND`: a child process to crash.
+pub(super) fn child_process(
+    test: &str,
+    dir: &std::path::Path,
+    round: Option<impl std::fmt::Display>,
+) -> std::process::Command {
     let mut command = std::process::Command::new(std::env::current_exe().unwrap());
     command
-        .args([
-            "--exact",
-            &format!("embedded::tests::{child}"),
-            "--ignored",
-            "--nocapture",
-        ])
+        .args(["--exact", test, "--ignored", "--nocapture"])
         .env(CRASH_DIR, dir);
     if let Some(round) = round {
         command.env("ROUND", round.to_string());
     }
-    let out = command.output().unwrap();
+    command
+}
+
+/// Runs the ignored test `child` of this module in a process of its own with the store in
+/// `dir`, expects it to abort, and returns what it printed.
+fn run_aborting_child(child: &str, dir: &std::path::Path, round: Option<usize>) -> String {
+    let out = child_process(&format!("embedded::tests::{child}"), dir, round)
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(
         std::os::unix::process::ExitStatusExt::signal(&out.status),
