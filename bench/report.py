@@ -61,10 +61,15 @@ def gw(store):
 
 
 def median_p99(runs):
-    """The run with the median p99 (the lower middle one of an even count), or None."""
+    """The open-loop run a row shows: the one with the median p99 (the lower middle one of an even
+    count), its p99 replaced by the true median (the mean of the middle two of an even count),
+    which the ratio and the target use. None without runs."""
     if not runs:
         return None
-    return sorted(runs, key=lambda x: x["p99"])[(len(runs) - 1) // 2]
+    ordered = sorted(runs, key=lambda x: x["p99"])
+    mid = (len(ordered) - 1) // 2
+    p99 = (ordered[mid]["p99"] + ordered[len(ordered) // 2]["p99"]) / 2
+    return dict(ordered[mid], p99=p99)
 
 
 def cpu_us(r):
@@ -221,13 +226,16 @@ def main():
     w("")
     w(f"![req/s per scenario and target]({a.svg_link})")
     w("")
-    w("| scenario | target | req/s | p50 | p99 | RSS | CPU per request | × nginx | × best peer |")
-    w("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     flagged, noisy, unsaturated = [], [], []
     # A target's share of its core says something only when it has exactly one.
     if not m.get("scpu", "").isdigit():
         for r in rows.values():
             r["sut"] = r["load"] = None
+    # Results from before the share was recorded render without the column.
+    has_cpu = any(cpu_us(r) is not None for r in rows.values())
+    cpu_head, cpu_rule = (" CPU per request |", "---:|") if has_cpu else ("", "")
+    w(f"| scenario | target | req/s | p50 | p99 | RSS |{cpu_head} × nginx | × best peer |")
+    w(f"|---|---|---:|---:|---:|---:|{cpu_rule}---:|---:|")
     for s in SCENARIOS:
         peers_here = [rows[(s, t)]["rps"] for t in [NGINX] + NODE_PEERS if (s, t) in rows]
         best_peer = max(peers_here) if peers_here else 0
@@ -265,9 +273,9 @@ def main():
             else:
                 extra_note = ""
             cpu = cpu_us(r)
-            cpu_txt = f"{cpu:.1f} µs" if cpu is not None else ""
+            cpu_cell = (f" {cpu:.1f} µs |" if cpu is not None else " |") if has_cpu else ""
             w(f"| {s} | {t}{extra_note} | {fmt_int(r['rps'])}{rng}{flag} | {ms(r['p50'])} | {ms(r['p99'])} | "
-              f"{mib(r['rss'])} | {cpu_txt} | {xn} | {xb} |")
+              f"{mib(r['rss'])} |{cpu_cell} {xn} | {xb} |")
         if best_name and any((s, gw(st)) in rows for st in STORES):
             pass
     w("")
@@ -276,11 +284,12 @@ def main():
       "(nginx, express-idempotency, node-idempotency) in the same scenario; nginx and the upstream have no "
       "deduplication, so in miss, replay and mixed the best peer is a Node middleware. RSS is VmRSS of the "
       "process under test at the end of the row (nginx: master + worker; Node: the node process; "
-      "idemgate: the gateway only, not Redis or PostgreSQL). CPU per request: the CPU time of the same "
-      "process (all its threads, user and system) over the requests of the row's median run, from its "
-      "share of a core (whole percent, so about ±1%); Redis's and PostgreSQL's own CPU is not in it. The memory store keeps every record for its "
-      "retention (24 h), so its RSS grows with the requests sent. The upstream row is the fixture's "
-      "ceiling: wrk and the upstream share one core in every row.")
+      "idemgate: the gateway only, not Redis or PostgreSQL). "
+      + ("CPU per request: the CPU time of the same process (all its threads, user and system) over the "
+         "requests of the row's median run, from its share of a core (whole percent, so about ±1%); "
+         "Redis's and PostgreSQL's own CPU is not in it. " if has_cpu else "")
+      + "The memory store keeps every record for its retention (24 h), so its RSS grows with the requests "
+      "sent. The upstream row is the fixture's ceiling: wrk and the upstream share one core in every row.")
     w("")
 
     # ------------------------------------------------------------ storm
@@ -324,8 +333,9 @@ def main():
         w("")
         repeated = any(len(runs) > 1 for d in rate_runs.values() for runs in d.values())
         if repeated:
-            w("Each store's pair of runs (idemgate, then nginx) is repeated; a row is the run with the "
-              "median p99 of its side, with the p99s of all its runs in parentheses (in the order measured), and ⚠ or ‡ if any "
+            w("Each store's pair of runs (idemgate, then nginx) is repeated. A row is the run with the "
+              "median p99 of its side, showing the median of all its runs' p99s (for an even count, the "
+              "mean of the middle two) followed by each run's p99 in the order measured, and ⚠ or ‡ if any "
               "of them had errors or lost CPU.")
             w("")
         w("| store | target | offered req/s | achieved | p50 | p90 | p99 | p99.9 | max | p99 vs nginx |")
@@ -337,10 +347,10 @@ def main():
                 f = (" ⚠" if any(x["errors"] for x in runs) else "") + (
                     " ‡" if any(x["foreign"] > noise for x in runs) else "")
                 p99s = ", ".join(f"{x['p99'] / 1000:.2f}" for x in runs)
-                spread = f" ({p99s})" if len(runs) > 1 else ""
+                p99_list = f" ({p99s})" if len(runs) > 1 else ""
                 ratio = f"{r['p99'] / ng['p99']:.2f}×" if ng and ng["p99"] and t != NGINX else ""
                 w(f"| {store} | {t}{f} | {fmt_int(r['rate'])} | {fmt_int(r['rps'])} | {ms(r['p50'])} | "
-                  f"{ms(r['p90'])} | {ms(r['p99'])}{spread} | {ms(r['p999'])} | {ms(r['max'])} | {ratio} |")
+                  f"{ms(r['p90'])} | {ms(r['p99'])}{p99_list} | {ms(r['p999'])} | {ms(r['max'])} | {ratio} |")
         w("")
 
     # ------------------------------------------------------------ round trips
@@ -459,11 +469,17 @@ def main():
         g, ng = median_p99(d.get(gw(st))), median_p99(d.get(NGINX))
         if g and ng and ng["p99"]:
             v = g["p99"] / ng["p99"]
-            runs = len(d.get(gw(st)))
-            of = f", medians of {runs} runs each" if runs > 1 else ""
+            n_gw, n_ng = len(d[gw(st)]), len(d[NGINX])
+            if n_gw == n_ng:
+                of = f", medians of {n_gw} runs each" if n_gw > 1 else ""
+            else:
+                of = f", medians of {n_gw} and {n_ng} runs"
+            failed = sum(1 for x in d[gw(st)] if x["errors"])
+            if failed:
+                of += f"; errors in {failed} of {n_gw} runs"
             w(f"| p99, miss at half of peak load ({st}) | ≤ 2× nginx `proxy_pass` p99 at the same load | "
               f"{v:.2f}× ({ms(g['p99'])} vs {ms(ng['p99'])} at {fmt_int(g['rate'])} req/s{of}) | "
-              f"{verdict(v <= 2.0 and not any(x['errors'] for x in d.get(gw(st))))} {short_by(v, 2.0, False)} |")
+              f"{verdict(v <= 2.0 and not failed)} {short_by(v, 2.0, False)} |")
     for stm in storms:
         if not stm["target"].startswith("idemgate"):
             continue
@@ -491,10 +507,11 @@ def main():
           f"{short_by(per, body + 256, False)} |")
     w("")
     w("A target measured on a row marked ‡ or ⚠ is not reliable either way. A row marked † reads low: a ratio "
-      "with it on top is a lower bound, one with it below an upper bound. The verdicts are by req/s, as "
-      "issue 9 states its targets; \"by CPU per request\" reads the same ratio from the CPU each side used "
-      "per request (a full core's worth of requests), which the load side and the machine's drift move "
-      "less. What the misses mean and what would close them: see the notes above the generated part.")
+      "with it on top is a lower bound, one with it below an upper bound. "
+      + ("The verdicts are by req/s, as issue 9 states its targets; \"by CPU per request\" reads the same "
+         "ratio from the CPU each side used per request (reference first, as µs), which the load side and the "
+         "machine's drift move less. " if has_cpu else "")
+      + "What the misses mean and what would close them: see the notes above the generated part.")
     w("")
 
     # ------------------------------------------------------------ flags
