@@ -221,12 +221,13 @@ mod tests {
         let b = fp_json("[]");
         assert!(a.ct_eq(&a));
         assert!(!a.ct_eq(&b));
-        // A difference in any byte of any of the four words it compares.
-        for i in 0..32 {
+        // A difference in any bit of any of the four words it compares.
+        for bit in 0..256 {
             let mut c = a;
-            c.0[i] ^= 0x80 >> (i % 8);
-            assert!(!a.ct_eq(&c), "byte {i}");
-            assert!(c.ct_eq(&c));
+            c.0[bit / 8] ^= 1 << (bit % 8);
+            assert!(!a.ct_eq(&c), "bit {bit}");
+            assert!(!c.ct_eq(&a), "bit {bit}");
+            assert_eq!(a.ct_eq(&c), a == c);
         }
     }
 

@@ -608,9 +608,9 @@ async fn redis_serves_at_once_when_a_fault_is_lifted() {
             let status = w.status(&format!("heal-{round}-{fault:?}-after")).await;
             let took = started.elapsed();
             worst = worst.max(took);
-            // The fault this holds answered 503 at the store's 500 ms timeout. A healed call
-            // takes about 20 ms here, and once 316 ms with both cores loaded by other tests:
-            // the bound stays under the timeout with room for such a machine.
+            // The regression this guards against answered 503 at the store's 500 ms timeout. A
+            // healed call takes about 20 ms here, and once took 316 ms with both cores loaded by
+            // other tests: the bound stays under the timeout with room for such a machine.
             if status != 201 || took > Duration::from_millis(450) {
                 slow.push((round, fault, status, took));
             }
