@@ -47,13 +47,13 @@ def beside_nginx(store):
     return f"{NGINX}, beside {store}"
 
 
-def passthrough_ref(rows, store, nginx_rps):
-    """The nginx req/s a store's passthrough is read against, and whether it is the row measured
-    just before it (else nginx's first row)."""
+def passthrough_ref(rows, store):
+    """The nginx row a store's passthrough is read against, and whether it is the one measured
+    just before it (else nginx's first row, or None without it)."""
     beside = rows.get(("passthrough", beside_nginx(store)))
     if beside and beside["rps"]:
-        return beside["rps"], True
-    return nginx_rps, False
+        return beside, True
+    return rows.get(("passthrough", NGINX)), False
 
 
 def gw(store):
@@ -263,7 +263,8 @@ def main():
             # An idemgate passthrough row is read against nginx measured just before it.
             ref = nginx_rps
             if s == "passthrough" and t in store_of:
-                ref, _ = passthrough_ref(rows, store_of[t], nginx_rps)
+                ref_row, _ = passthrough_ref(rows, store_of[t])
+                ref = ref_row["rps"] if ref_row else 0
             xn = f"{r['rps'] / ref:.2f}" if ref else "n/a"
             is_peer = t in NODE_PEERS or t.startswith(NGINX) or t.startswith("upstream")
             xb = f"{r['rps'] / best_peer:.2f}" if best_peer and not is_peer else ""
@@ -437,11 +438,11 @@ def main():
 
     for st in STORES:
         r = row("passthrough", gw(st))
-        ref, near = passthrough_ref(rows, st, nginx_rps)
+        ref_row, near = passthrough_ref(rows, st)
+        ref = ref_row["rps"] if ref_row else 0
         if r and ref:
             v = r["rps"] / ref
             when = ", nginx measured just before" if near else ""
-            ref_row = rows.get(("passthrough", beside_nginx(st) if near else NGINX))
             w(f"| passthrough ({st}) | ≥ 1.0× nginx `proxy_pass` | {v:.2f}× ({fmt_int(r['rps'])} vs "
               f"{fmt_int(ref)} req/s{when}){by_cpu(ref_row, r)} | {verdict(v >= 1.0)} {short_by(v, 1.0)} |")
     for st, need, label in [("memory", 0.9, "miss, memory store"), ("embedded", 0.5, "miss, embedded store, durable")]:

@@ -49,7 +49,6 @@ RATE_FRACTION="${BENCH_RATE_FRACTION:-0.5}"
 # Open-loop pairs (idemgate, then nginx at the same rate) per store; the report takes each side's
 # median p99. One pair let a single stall of 10-20 ms decide the p99 target (2026-11-26, night).
 RATE_REPEAT="${BENCH_RATE_REPEAT:-$REPEAT}"
-[[ "$RATE_REPEAT" =~ ^[1-9][0-9]*$ ]] || { echo "bench: BENCH_RATE_REPEAT must be a positive whole number" >&2; exit 64; }
 STORM_N="${BENCH_STORM_N:-1000}"
 STORM_DELAY_MS="${BENCH_STORM_DELAY_MS:-200}"
 REDIS_URL="${BENCH_REDIS_URL:-redis://127.0.0.1:6379/15}"
@@ -106,6 +105,7 @@ RATE_S="$(duration_secs "$RATE_DURATION")"
 GROWTH_S="$(duration_secs "$GROWTH_DURATION")"
 [[ "$CONNS" =~ ^[0-9]+$ ]] || die "BENCH_CONNECTIONS must be a number"
 [[ "$REPEAT" =~ ^[1-9][0-9]*$ ]] || die "BENCH_REPEAT must be a positive number"
+[[ "$RATE_REPEAT" =~ ^[1-9][0-9]*$ ]] || die "BENCH_RATE_REPEAT must be a positive number"
 [[ "$SPREAD_PCT" =~ ^[0-9]+$ && "$EXTRA" =~ ^[0-9]+$ ]] || die "BENCH_SPREAD_PCT and BENCH_EXTRA_RUNS must be whole numbers"
 for s in ${STORES//,/ }; do
   case "$s" in memory|embedded|redis|postgres) ;; *) die "unknown store '$s' in BENCH_STORES" ;; esac
