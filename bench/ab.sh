@@ -2,7 +2,7 @@
 # A/B of idemgate builds: interleaved rounds of the same closed-loop row on two or more binaries,
 # with the gateway's CPU per request split by thread. For a change to the hot path, where
 # bench/run.sh's full report is too slow to repeat and the machine's drift between its rows is as
-# large as the change (docs/benchmarks.md).
+# large as the change (docs/benchmarks-journal.md).
 #
 #   bench/ab.sh STORE SCENARIO ROUNDS SECONDS BIN [BIN...]
 #   bench/ab.sh embedded miss 4 5 /tmp/idemgate-before target/release/idemgate

@@ -22,12 +22,15 @@
 # instruction-cache misses per request (first level and last level): how well a build's hot
 # code packs, which PGO changes (bench/pgo.sh) and an instruction count does not show. The
 # simulation sees the gateway alone, not the kernel or other processes sharing the core.
+#
+# BENCH_CG_DIR=DIR keeps each binary's callgrind output as DIR/N.cg.out.* (N = its place in the
+# argument list, from 1), for `callgrind_annotate --inclusive=yes`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 
-[[ $# -ge 4 ]] || { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
+[[ $# -ge 4 ]] || { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
 STORE="$1" SCENARIO="$2" SECS="$3"
 shift 3
 case "$STORE" in memory | embedded) ;; *) echo "instructions: store must be memory or embedded" >&2; exit 64 ;; esac
@@ -69,6 +72,11 @@ for bin in "$@"; do
       if ("I1mr" in sum) printf " i1_misses_per_request=%.1f ll_instruction_misses_per_request=%.2f", sum["I1mr"] / n, sum["ILmr"] / n
     }' "$dir"/cg.out.*)"
   printf '%s %s %s requests=%s %s\n' "$bin" "$STORE" "$SCENARIO" "$requests" "$per_request"
+  n=$((${n:-0} + 1))
+  if [[ -n "${BENCH_CG_DIR:-}" ]]; then
+    mkdir -p "$BENCH_CG_DIR"
+    for f in "$dir"/cg.out.*; do cp "$f" "$BENCH_CG_DIR/$n.$(basename "$f")"; done
+  fi
   kill "$gw"
   wait "$gw" 2>/dev/null || true
 done

@@ -14,7 +14,7 @@
 #      training reached as cold code;
 #   3. merge the counts with llvm-profdata and build with `-Cprofile-use`.
 # Why: a request's code (hyper, tokio, the engine, a store) is spread over far more than a
-# core's instruction cache holds, and PGO packs the paths requests take. See docs/benchmarks.md
+# core's instruction cache holds, and PGO packs the paths requests take. See docs/benchmarks-journal.md
 # for what it measured and docs/operations.md for building a release this way.
 #
 # The two builds live in target directories of their own under ${CARGO_TARGET_DIR:-target}/pgo:

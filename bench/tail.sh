@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Open-loop A/B of idemgate builds: interleaved rounds of misses at a fixed rate, for changes
 # aimed at the p99 target ("p99, miss at half of peak load"), which bench/run.sh measures once
-# per store and which moves between rounds by more than most changes do (docs/benchmarks.md).
+# per store and which moves between rounds by more than most changes do (docs/benchmarks-journal.md).
 #
 #   bench/tail.sh STORE RATE ROUNDS SECONDS BIN [BIN...]
 #   bench/tail.sh embedded 12000 4 8 /tmp/idemgate-before target/release/idemgate

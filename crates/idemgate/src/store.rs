@@ -91,7 +91,7 @@ impl AnyStore {
 
 /// Connects a networked store in the background now rather than on the first request: that
 /// request would otherwise wait for the handshake (and, on PostgreSQL, the migration), and in a
-/// burst its connection's replies queue behind the whole burst (docs/benchmarks.md, duplicate
+/// burst its connection's replies queue behind the whole burst (docs/benchmarks-journal.md, duplicate
 /// storm). If the server is down, the first request after it comes back connects.
 fn connect_early<S: Store + 'static>(kind: &'static str, store: &Arc<S>) {
     let store = Arc::downgrade(store);
@@ -111,7 +111,7 @@ fn connect_early<S: Store + 'static>(kind: &'static str, store: &Arc<S>) {
 /// microseconds, so at each park few bounds were pending, and 0.28 eventfd writes per embedded
 /// miss came from the gateway's own workers (`perf stat -e syscalls:sys_enter_write
 /// --per-thread`; with this timer, 3 in 110k misses). Worth about 1% of an embedded miss's CPU
-/// (docs/benchmarks.md). Redis and PostgreSQL calls register the same kind of bound. This timer
+/// (docs/benchmarks-journal.md). Redis and PostgreSQL calls register the same kind of bound. This timer
 /// costs two wake-ups per bound. It ends with the store.
 fn keep_a_timer_ahead<S: Send + Sync + 'static>(store: &Arc<S>, bound: Duration) {
     let store = Arc::downgrade(store);

@@ -11,7 +11,7 @@
 //!
 //! The journal thread keeps the default policy: it answers callers after each sync, and as a
 //! batch thread its answers waited behind the callers' thread in a duplicate storm (the slowest
-//! waiter 10 to 25 ms later). Measured in docs/benchmarks.md (2026-11-26, morning).
+//! waiter 10 to 25 ms later). Measured in docs/benchmarks-journal.md (2026-11-26, morning).
 //!
 //! The sync thread (`sync.rs`) is a batch thread too: its work (a checkpoint's page writes and
 //! fsync) answers nobody, so it has no reason to preempt the callers' thread when it wakes.

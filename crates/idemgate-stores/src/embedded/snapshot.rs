@@ -5,7 +5,7 @@
 //! task, and opening a read transaction and its table for each of them (redb registers every
 //! read transaction with its tracker and finds the table in its table tree) cost about as much
 //! as the lookup. Shared, a replay on the benchmark rig went from 18.2-20.2 to 16.9-17.2 µs of
-//! CPU (48.9-54.6k to 56.3-58.5k req/s; docs/benchmarks.md, notes of 2026-11-25, noon).
+//! CPU (48.9-54.6k to 56.3-58.5k req/s; docs/benchmarks-journal.md, notes of 2026-11-25, noon).
 //!
 //! Why it is never stale where it matters: every write reaches redb through the writer, which
 //! publishes a new snapshot after each commit and before it drops the entries standing in for

@@ -272,7 +272,7 @@ impl Control {
             // On a one-core gateway these writes (about 1.5 ms of CPU per checkpoint at 26k
             // misses/s) share the core with the requests: in one run they held them that long.
             // Yielding every few pages lets the requests in between (closed-loop p99 2.5-3.4 ms
-            // against 3.9-4.3 ms, docs/benchmarks.md).
+            // against 3.9-4.3 ms, docs/benchmarks-journal.md).
             if n % PAGES_PER_YIELD == PAGES_PER_YIELD - 1 {
                 std::thread::yield_now();
             }
