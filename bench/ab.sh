@@ -14,6 +14,10 @@
 #
 #   bench/ab.sh memory passthrough 6 8 nginx target/release/idemgate
 #
+#             or `floor` / `hyper-floor`: the reference proxies of bench/loadgen/src/floor.rs (the
+#             least a tokio proxy does per request; the same on hyper with nothing else), built
+#             here with the gateway's release settings (passthrough only)
+#
 # Rounds alternate the binaries' order (A B, then B A) so neither always runs first.
 # Topology as in bench/run.sh: a static nginx upstream and wrk -t1 -c32 on CPU 0, the gateway on
 # CPU 1, one catch-all `accepted` route with `scope: global`, a fresh store (and data directory)
@@ -26,14 +30,18 @@ cd "$(dirname "$0")/.."
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 
-[[ $# -ge 5 ]] || { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
+[[ $# -ge 5 ]] || { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
 STORE="$1" SCENARIO="$2" ROUNDS="$3" SECS="$4"
 shift 4
 case "$STORE" in memory | embedded) ;; *) echo "ab: store must be memory or embedded" >&2; exit 64 ;; esac
 case "$SCENARIO" in passthrough | miss | replay) ;; *) echo "ab: unknown scenario $SCENARIO" >&2; exit 64 ;; esac
+FLOOR=""
 for bin in "$@"; do
-  if [[ "$bin" == nginx ]]; then
-    [[ "$SCENARIO" == passthrough ]] || { echo "ab: nginx has no $SCENARIO" >&2; exit 64; }
+  if [[ "$bin" == nginx || "$bin" == floor || "$bin" == hyper-floor ]]; then
+    [[ "$SCENARIO" == passthrough ]] || { echo "ab: $bin has no $SCENARIO" >&2; exit 64; }
+    if [[ "$bin" != nginx && -z "$FLOOR" ]]; then
+      FLOOR="$(build_floor "$PWD")" || { echo "ab: building bench/loadgen failed" >&2; exit 1; }
+    fi
     continue
   fi
   [[ -x "$bin" ]] || { echo "ab: $bin is not an executable" >&2; exit 64; }
@@ -49,6 +57,8 @@ for round in $(seq 1 "$ROUNDS"); do
     mkdir -p "$dir"
     if [[ "$bin" == nginx ]]; then
       start_proxy_peer "$dir" "$GW_PORT" "$UP_PORT"
+    elif [[ "$bin" == floor || "$bin" == hyper-floor ]]; then
+      taskset -c 1 "$FLOOR" "$bin" --listen "127.0.0.1:$GW_PORT" --upstream "127.0.0.1:$UP_PORT" >"$dir/log" 2>&1 &
     else
       gw_yaml "$GW_PORT" "$UP_PORT" "$(local_store_block "$STORE" "$dir")" >"$dir/idemgate.yaml"
       IDEMGATE_LOG=warn taskset -c 1 "$bin" serve --config "$dir/idemgate.yaml" >"$dir/log" 2>&1 &

@@ -7,6 +7,8 @@
 #
 #   STORE     memory | embedded
 #   SCENARIO  passthrough | miss | replay (1,000 keys primed first)
+#   BIN       an idemgate binary, or `floor` / `hyper-floor`: the reference proxies of bench/ab.sh
+#             (passthrough only)
 #
 # Each binary runs under callgrind on CPU 1 behind a static nginx upstream, with the gateway
 # configuration of bench/run.sh. wrk (-t1 -c4, bench/idem.lua, CPU 0) warms it up for 2 s, the
@@ -30,12 +32,20 @@ cd "$(dirname "$0")/.."
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 
-[[ $# -ge 4 ]] || { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
+[[ $# -ge 4 ]] || { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
 STORE="$1" SCENARIO="$2" SECS="$3"
 shift 3
 case "$STORE" in memory | embedded) ;; *) echo "instructions: store must be memory or embedded" >&2; exit 64 ;; esac
 case "$SCENARIO" in passthrough | miss | replay) ;; *) echo "instructions: unknown scenario $SCENARIO" >&2; exit 64 ;; esac
-for bin in "$@"; do [[ -x "$bin" ]] || { echo "instructions: $bin is not an executable" >&2; exit 64; }; done
+FLOOR=""
+for bin in "$@"; do
+  if [[ "$bin" == floor || "$bin" == hyper-floor ]]; then
+    [[ "$SCENARIO" == passthrough ]] || { echo "instructions: $bin has no $SCENARIO" >&2; exit 64; }
+    [[ -n "$FLOOR" ]] || FLOOR="$(build_floor "$PWD")" || { echo "instructions: building bench/loadgen failed" >&2; exit 1; }
+    continue
+  fi
+  [[ -x "$bin" ]] || { echo "instructions: $bin is not an executable" >&2; exit 64; }
+done
 UP_PORT=18110 GW_PORT=18111
 CACHE_SIM=()
 [[ "${BENCH_CACHE_SIM:-0}" == 1 ]] && CACHE_SIM=(--cache-sim=yes)
@@ -45,8 +55,12 @@ for bin in "$@"; do
   dir="$WORK/gw-$RANDOM"
   mkdir -p "$dir"
   gw_yaml "$GW_PORT" "$UP_PORT" "$(local_store_block "$STORE" "$dir")" >"$dir/idemgate.yaml"
+  cmd=("$bin" serve --config "$dir/idemgate.yaml")
+  if [[ "$bin" == floor || "$bin" == hyper-floor ]]; then
+    cmd=("$FLOOR" "$bin" --listen "127.0.0.1:$GW_PORT" --upstream "127.0.0.1:$UP_PORT")
+  fi
   IDEMGATE_LOG=warn taskset -c 1 valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" "${CACHE_SIM[@]}" \
-    "$bin" serve --config "$dir/idemgate.yaml" >"$dir/log" 2>&1 &
+    "${cmd[@]}" >"$dir/log" 2>&1 &
   gw=$!
   PIDS+=("$gw")
   rig_wait "$GW_PORT" 120  # valgrind starts it slowly

@@ -139,6 +139,19 @@ build_loadgen() {
     CARGO_TARGET_DIR="$tdir" timeout 1800 cargo build --release -q; }) >&2 || return 1
   echo "$tdir/release/idemgate-bench"
 }
+# build_floor REPO -> path of idemgate-bench with the reference proxies (`floor`, `hyper-floor`),
+# built with the gateway's release settings (fat LTO, one codegen unit) and allocator, so that a
+# difference between them and idemgate is what each does, not how it was compiled.
+build_floor() {
+  local tdir="${CARGO_TARGET_DIR:-bench/loadgen/target}"
+  [[ "$tdir" = /* ]] || tdir="$1/$tdir"
+  tdir="$tdir/floor"
+  (cd "$1/bench/loadgen" && export CARGO_TARGET_DIR="$tdir" CARGO_PROFILE_RELEASE_LTO=fat \
+    CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1 &&
+    { timeout 1800 cargo build --release --features floor --offline -q 2>/dev/null ||
+      timeout 1800 cargo build --release --features floor -q; }) >&2 || return 1
+  echo "$tdir/release/idemgate-bench"
+}
 
 # proc_ticks PID: utime+stime ticks of a process and its live direct children, plus
 # cutime+cstime: what its children that ended and were reaped used. Without those, a PostgreSQL

@@ -6,6 +6,8 @@
 //! idemgate-bench fill     --url URL --n N [--connections C] [--prefix P]
 //! idemgate-bench storm    --url URL --n N --key KEY [--timeout S]
 //! idemgate-bench upstream --listen ADDR [--delay-ms D]
+//! idemgate-bench floor    --listen ADDR --upstream ADDR
+//! idemgate-bench hyper-floor --listen ADDR --upstream ADDR   (built with --features floor)
 //! ```
 //!
 //! `rate` is an open-loop generator in the style of wrk2: connection `c` sends its `k`-th request
@@ -27,9 +29,15 @@
 //! `upstream` is a tiny HTTP/1.1 server that answers `{"ok":true,"id":"ord_1"}` after an optional
 //! delay and counts its executions (`GET /executions` answers `{"executions":N}`).
 //!
+//! `floor` is the least a reverse proxy on tokio can do per request, and `hyper-floor` the same
+//! on hyper's server and client with nothing else (`floor.rs`): references that `bench/ab.sh`
+//! measures beside nginx and idemgate, to tell the cost of the HTTP layer from the gateway's own.
+//!
 //! Everything prints one `RESULT key=value ...` line on stdout. HTTP/1.1 only, keep-alive,
-//! Content-Length or chunked response bodies; no TLS. Hand-rolled on purpose: the only
-//! dependency is tokio, so it builds in seconds and costs the load side little CPU.
+//! Content-Length or chunked response bodies; no TLS. Hand-rolled on purpose: the dependencies
+//! are tokio and httparse (hyper's own parser, for `floor`), so it builds in seconds and costs the
+//! load side little CPU. `--features floor` adds hyper (for `hyper-floor`) and the gateway's
+//! allocator; bench/ab.sh builds it so, with the gateway's release settings.
 
 use std::collections::HashMap;
 use std::io;
@@ -41,6 +49,13 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{sleep_until, timeout, Instant};
+
+mod floor;
+
+// The gateway's allocator, so a reference proxy differs from it only in what it does.
+#[cfg(feature = "floor")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const BODY: &str = r#"{"amount":100,"currency":"eur"}"#;
 const UPSTREAM_BODY: &str = r#"{"ok":true,"id":"ord_1"}"#;
@@ -59,7 +74,11 @@ fn main() {
         "storm" => rt.block_on(storm(&opts)),
         "fill" => rt.block_on(fill_cmd(&opts)),
         "upstream" => rt.block_on(upstream(&opts)),
-        _ => Err(bad("usage: idemgate-bench rate|fill|storm|upstream --flag value ...")),
+        "floor" => rt.block_on(floor_cmd(&opts, false)),
+        "hyper-floor" => rt.block_on(floor_cmd(&opts, true)),
+        _ => Err(bad(
+            "usage: idemgate-bench rate|fill|storm|upstream|floor|hyper-floor --flag value ...",
+        )),
     };
     if let Err(e) = res {
         eprintln!("idemgate-bench {cmd}: {e}");
@@ -91,12 +110,16 @@ fn opt<T: std::str::FromStr>(o: &HashMap<String, String>, k: &str, default: Opti
 
 /// `http://127.0.0.1:18002/api/v1/orders` -> (addr, "127.0.0.1:18002", "/api/v1/orders")
 fn parse_url(url: &str) -> io::Result<(SocketAddr, String, String)> {
-    let rest = url.strip_prefix("http://").ok_or_else(|| bad("only http:// URLs"))?;
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| bad("only http:// URLs"))?;
     let (hostport, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
-    let addr: SocketAddr = hostport.parse().map_err(|_| bad(format!("need IP:port, got {hostport}")))?;
+    let addr: SocketAddr = hostport
+        .parse()
+        .map_err(|_| bad(format!("need IP:port, got {hostport}")))?;
     if !addr.ip().is_loopback() {
         return Err(bad("refusing a non-loopback target"));
     }
@@ -119,7 +142,10 @@ fn request(host: &str, path: &str, key: Option<&str>) -> Vec<u8> {
 }
 
 fn find(hay: &[u8], from: usize, needle: &[u8]) -> Option<usize> {
-    hay.get(from..)?.windows(needle.len()).position(|w| w == needle).map(|p| p + from)
+    hay.get(from..)?
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .map(|p| p + from)
 }
 
 async fn fill(s: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<()> {
@@ -205,7 +231,11 @@ async fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<Resp>
         hend + len
     };
     buf.drain(..end);
-    Ok(Resp { status, replayed, close })
+    Ok(Resp {
+        status,
+        replayed,
+        close,
+    })
 }
 
 fn pct(sorted: &[u32], p: f64) -> u32 {
@@ -237,7 +267,9 @@ async fn rate(o: &HashMap<String, String>) -> io::Result<()> {
     let prefix: String = opt(o, "prefix", Some(format!("o{}", std::process::id())))?;
     let pool: u64 = opt(o, "pool", Some(1000))?;
     if !(rate > 0.0 && duration > 0.0 && conns > 0 && pool > 0) {
-        return Err(bad("--rate, --duration, --connections and --pool must be positive"));
+        return Err(bad(
+            "--rate, --duration, --connections and --pool must be positive",
+        ));
     }
     if !["passthrough", "miss", "replay"].contains(&mode.as_str()) {
         return Err(bad("--mode is passthrough, miss or replay"));
@@ -348,7 +380,9 @@ async fn rate(o: &HashMap<String, String>) -> io::Result<()> {
     let l = &all.lat_us;
     let errors = all.non2xx + all.unexpected + all.sock_errors + all.dropped;
     // achieved throughput: answers over the window, or over the time it took to drain the queue
-    let span = (*last_done.lock().unwrap() - measure_from).as_secs_f64().max(duration);
+    let span = (*last_done.lock().unwrap() - measure_from)
+        .as_secs_f64()
+        .max(duration);
     println!(
         "RESULT target_rate={rate:.0} rps={:.1} p50_us={} p90_us={} p99_us={} p999_us={} max_us={} requests={} non2xx={} unexpected={} sock_errors={} dropped={} errors={errors}",
         l.len() as f64 / span,
@@ -436,7 +470,10 @@ async fn fill_cmd(o: &HashMap<String, String>) -> io::Result<()> {
         errs += c;
     }
     let secs = t0.elapsed().as_secs_f64();
-    println!("RESULT n={n} ok={ok} fresh={fresh} errors={errs} secs={secs:.2} rps={:.1}", ok as f64 / secs);
+    println!(
+        "RESULT n={n} ok={ok} fresh={fresh} errors={errs} secs={secs:.2} rps={:.1}",
+        ok as f64 / secs
+    );
     Ok(())
 }
 
@@ -524,6 +561,21 @@ async fn storm(o: &HashMap<String, String>) -> io::Result<()> {
 }
 
 // ------------------------------------------------------------------ upstream
+
+async fn floor_cmd(o: &HashMap<String, String>, on_hyper: bool) -> io::Result<()> {
+    let listen: SocketAddr = opt(o, "listen", None)?;
+    let upstream: SocketAddr = opt(o, "upstream", None)?;
+    if !listen.ip().is_loopback() || !upstream.ip().is_loopback() {
+        return Err(bad("refusing a non-loopback address"));
+    }
+    if !on_hyper {
+        return floor::run(listen, upstream).await;
+    }
+    #[cfg(feature = "floor")]
+    return floor::run_hyper(listen, upstream).await;
+    #[cfg(not(feature = "floor"))]
+    Err(bad("hyper-floor needs a build with --features floor"))
+}
 
 async fn upstream(o: &HashMap<String, String>) -> io::Result<()> {
     let listen: String = opt(o, "listen", None)?;
