@@ -20,9 +20,16 @@ import html
 
 UPSTREAM_BODY = b'{"ok":true,"id":"ord_1"}'
 SCENARIOS = ["passthrough", "miss", "replay", "mixed"]
+# The reference proxies of bench/loadgen/src/floor.rs (bench/README.md, "Reference proxies"):
+# passthrough only, no deduplication; what the HTTP layer alone costs.
+FLOOR = "floor (tokio + httparse, reference)"
+HYPER_FLOOR = "hyper alone (reference)"
+REFERENCES = [HYPER_FLOOR, FLOOR]
 PEER_ORDER = [
     "upstream (static nginx, direct)",
     "nginx proxy_pass",
+    HYPER_FLOOR,
+    FLOOR,
     "express-idempotency (redis)",
     "node-idempotency (redis)",
 ]
@@ -266,7 +273,7 @@ def main():
                 ref_row, _ = passthrough_ref(rows, store_of[t])
                 ref = ref_row["rps"] if ref_row else 0
             xn = f"{r['rps'] / ref:.2f}" if ref else "n/a"
-            is_peer = t in NODE_PEERS or t.startswith(NGINX) or t.startswith("upstream")
+            is_peer = t in NODE_PEERS or t in REFERENCES or t.startswith(NGINX) or t.startswith("upstream")
             xb = f"{r['rps'] / best_peer:.2f}" if best_peer and not is_peer else ""
             if s == "mixed":
                 det = dict(kv.split("=") for kv in r["detail"].split())
@@ -290,7 +297,12 @@ def main():
          "requests of the row's median run, from its share of a core (whole percent, so about ±1%); "
          "Redis's and PostgreSQL's own CPU is not in it. " if has_cpu else "")
       + "The memory store keeps every record for its retention (24 h), so its RSS grows with the requests "
-      "sent. The upstream row is the fixture's ceiling: wrk and the upstream share one core in every row.")
+      "sent. The upstream row is the fixture's ceiling: wrk and the upstream share one core in every row."
+      + (" The reference rows are proxies that only forward (bench/README.md, \"Reference proxies\"): "
+         "*hyper alone* is hyper's HTTP/1 server and client, which idemgate is built on, with nothing else; "
+         "*floor* is the least a proxy on tokio does (`httparse`, one read and one write each way). "
+         "idemgate's passthrough over *hyper alone* is the gateway's own work (routing, header policy, "
+         "framing checks, timeouts, metrics)." if any(k[1] in REFERENCES for k in rows) else ""))
     w("")
 
     # ------------------------------------------------------------ storm
@@ -436,6 +448,14 @@ def main():
         a, b = cpu_us(ref), cpu_us(r)
         return f"; by CPU per request {a / b:.2f}× ({a:.1f} vs {b:.1f} µs)" if a and b else ""
 
+    # hyper alone against the nginx row measured right before it, for context on every
+    # passthrough line: how near its HTTP layer alone comes to nginx.
+    hyper_row, first_nginx = row("passthrough", HYPER_FLOOR), row("passthrough", NGINX)
+    hyper_note = ""
+    if hyper_row and first_nginx and first_nginx["rps"]:
+        hyper_note = (f"; hyper alone {hyper_row['rps'] / first_nginx['rps']:.2f}× nginx"
+                      + (f" (by CPU {cpu_us(first_nginx) / cpu_us(hyper_row):.2f}×)"
+                         if cpu_us(first_nginx) and cpu_us(hyper_row) else ""))
     for st in STORES:
         r = row("passthrough", gw(st))
         ref_row, near = passthrough_ref(rows, st)
@@ -444,7 +464,8 @@ def main():
             v = r["rps"] / ref
             when = ", nginx measured just before" if near else ""
             w(f"| passthrough ({st}) | ≥ 1.0× nginx `proxy_pass` | {v:.2f}× ({fmt_int(r['rps'])} vs "
-              f"{fmt_int(ref)} req/s{when}){by_cpu(ref_row, r)} | {verdict(v >= 1.0)} {short_by(v, 1.0)} |")
+              f"{fmt_int(ref)} req/s{when}){by_cpu(ref_row, r)}{hyper_note} | {verdict(v >= 1.0)} "
+              f"{short_by(v, 1.0)} |")
     for st, need, label in [("memory", 0.9, "miss, memory store"), ("embedded", 0.5, "miss, embedded store, durable")]:
         r, p = row("miss", gw(st)), row("passthrough", gw(st))
         if r and p and p["rps"]:
@@ -554,6 +575,8 @@ def main():
 COLORS = {
     "upstream": "#9e9e9e",
     "nginx": "#4caf50",
+    "hyper alone": "#81c784",
+    "floor": "#c5e1a5",
     "express": "#ff9800",
     "node-idem": "#e91e63",
     "idemgate (memory)": "#1565c0",

@@ -40,7 +40,7 @@ PEERS_ONLY="${BENCH_PEERS_ONLY:-0}"
 STORES="${BENCH_STORES-memory,embedded,redis,postgres}"
 [[ "$PEERS_ONLY" == 1 ]] && STORES=""
 SCENARIOS="${BENCH_SCENARIOS:-passthrough,miss,replay,mixed,storm,rate,growth}"
-PEERS="${BENCH_PEERS-upstream,nginx,express-idempotency,node-idempotency}"
+PEERS="${BENCH_PEERS-upstream,nginx,floor,hyper-floor,express-idempotency,node-idempotency}"
 GROWTH_LEVELS="${BENCH_GROWTH:-$d_growth}"
 GROWTH_STORES="${BENCH_GROWTH_STORES:-memory}"
 GROWTH_DURATION="${BENCH_GROWTH_DURATION:-3s}"
@@ -72,6 +72,10 @@ PROXY_PORT=18001
 GW_PORT=18002
 SLOW_PORT=18003
 NODE_PORT=18004
+FLOOR_PORT=18005
+# Row names of the reference proxies, as report.py knows them.
+FLOOR_ROW="floor (tokio + httparse, reference)"
+HYPER_FLOOR_ROW="hyper alone (reference)"
 ORDERS_PATH=/api/v1/orders
 STORM_PATH=/storm/orders
 BODY='{"amount":100,"currency":"eur"}'
@@ -114,7 +118,7 @@ for s in ${SCENARIOS//,/ }; do
   case "$s" in passthrough|miss|replay|mixed|storm|rate|growth) ;; *) die "unknown scenario '$s' in BENCH_SCENARIOS" ;; esac
 done
 for s in ${PEERS//,/ }; do
-  case "$s" in upstream|nginx|express-idempotency|node-idempotency) ;; *) die "unknown peer '$s' in BENCH_PEERS" ;; esac
+  case "$s" in upstream|nginx|floor|hyper-floor|express-idempotency|node-idempotency) ;; *) die "unknown peer '$s' in BENCH_PEERS" ;; esac
 done
 NODE_PEERS=""
 for s in express-idempotency node-idempotency; do has "$PEERS" "$s" && NODE_PEERS="$NODE_PEERS $s"; done
@@ -262,7 +266,7 @@ if (( NCPU < 2 )) || [[ "$PIN" != 1 ]]; then
   LOADGEN_CPUS=""; SUT_CPUS=""; UPSTREAM_CPUS=""; REDIS_CPUS=""
 fi
 
-for p in $UP_PORT $PROXY_PORT $GW_PORT $SLOW_PORT $NODE_PORT; do
+for p in $UP_PORT $PROXY_PORT $GW_PORT $SLOW_PORT $NODE_PORT $FLOOR_PORT; do
   port_free "$p" || die "127.0.0.1:$p is already in use"
 done
 
@@ -310,6 +314,12 @@ fi
 # the load tools (bench/loadgen, built by build_loadgen in bench/lib.sh)
 log "building bench/loadgen (idemgate-bench)"
 LOADGEN="$(build_loadgen "$REPO")" || die "building bench/loadgen failed"
+# the reference proxies (passthrough only; bench/README.md, "Reference proxies")
+FLOOR=""
+if { has "$PEERS" floor || has "$PEERS" hyper-floor; } && has "$SCENARIOS" passthrough; then
+  log "building the reference proxies (idemgate-bench --features floor)"
+  FLOOR="$(build_floor "$REPO")" || die "building the reference proxies failed"
+fi
 
 # Node peers: installed from bench/node/package-lock.json into $NODE_DIR, outside the repository
 if [[ -n "$NODE_PEERS" ]]; then
@@ -718,6 +728,20 @@ if has "$PEERS" nginx || { has "$SCENARIOS" rate && [[ -n "$STORES" ]]; }; then
     bench_row passthrough "nginx proxy_pass" $PROXY_PORT passthrough "$PROXY_PID"
   fi
   OWN_PIDS+=("$PROXY_PID")
+fi
+
+# the reference proxies, right after nginx's row: what the HTTP layer alone costs
+if [[ -n "$FLOOR" ]]; then
+  for peer in floor hyper-floor; do
+    has "$PEERS" "$peer" || continue
+    name="$([[ "$peer" == floor ]] && echo "$FLOOR_ROW" || echo "$HYPER_FLOOR_ROW")"
+    start_bg "$peer" "$SUT_CPUS" "$WORK" "$FLOOR" "$peer" --listen "127.0.0.1:$FLOOR_PORT" --upstream "127.0.0.1:$UP_PORT"
+    FLOOR_PID=$LAST_PID
+    wait_http "$peer" "$FLOOR_PID" $FLOOR_PORT
+    bench_row passthrough "$name" $FLOOR_PORT passthrough "$FLOOR_PID"
+    stop_pid "$FLOOR_PID"
+    wait_port_free $FLOOR_PORT
+  done
 fi
 
 # the slow counting upstream of the duplicate storm (load CPU)
