@@ -28,6 +28,11 @@
 # BENCH_CG_DIR=DIR keeps each binary's callgrind output as DIR/N.cg.out.* (N = its place in the
 # argument list, from 1), for `callgrind_annotate --inclusive=yes`.
 set -euo pipefail
+# Relative to where the script was started, not to the repository it moves to.
+if [[ -n "${BENCH_CG_DIR:-}" ]]; then
+  mkdir -p "$BENCH_CG_DIR"
+  BENCH_CG_DIR="$(cd "$BENCH_CG_DIR" && pwd)"
+fi
 cd "$(dirname "$0")/.."
 # shellcheck source=bench/lib.sh
 source bench/lib.sh

@@ -8,7 +8,7 @@ Standard library only (no matplotlib, no venv): the SVG is written by hand.
 Result lines ('|'-separated, first field the kind), as bench/run.sh writes them:
 
     row|scenario|target|rps|p50_us|p99_us|rss_kb|errors|detail|foreign|rps_min|rps_max|steal|sut_cpu|load_cpu
-    storm|target|n|ok|fresh|replayed|non2xx|sock_errors|p50_us|p99_us|max_us|executions|delay_ms|foreign|statuses
+    storm|target|n|ok|fresh|replayed|non2xx|sock_errors|p50_us|p99_us|max_us|executions|delay_ms|foreign|statuses|burst_max_us
     rate|store|target|rate|rps|p50_us|p90_us|p99_us|p999_us|max_us|errors|foreign|steal
     rt|target|round_trips_per_miss|round_trips_per_replay
     prof|scenario|target|samples|pct|dso|symbol
@@ -300,9 +300,11 @@ def main():
       "sent. The upstream row is the fixture's ceiling: wrk and the upstream share one core in every row."
       + (" The reference rows are proxies that only forward (bench/README.md, \"Reference proxies\"): "
          "*hyper alone* is hyper's HTTP/1 server and client, which idemgate is built on, with nothing else; "
-         "*floor* is the least a proxy on tokio does (`httparse`, one read and one write each way). "
+         "*floor* is the least a proxy on tokio does (`httparse`, one write each way). "
          "idemgate's passthrough over *hyper alone* is the gateway's own work (routing, header policy, "
-         "framing checks, timeouts, metrics)." if any(k[1] in REFERENCES for k in rows) else ""))
+         "framing checks, timeouts, metrics)"
+         + ("; in this profile-guided run idemgate is profile-guided and the reference proxies are not."
+            if m.get("pgo") else ".") if any(k[1] in REFERENCES for k in rows) else ""))
     w("")
 
     # ------------------------------------------------------------ storm
@@ -448,12 +450,13 @@ def main():
         a, b = cpu_us(ref), cpu_us(r)
         return f"; by CPU per request {a / b:.2f}× ({a:.1f} vs {b:.1f} µs)" if a and b else ""
 
-    # hyper alone against the nginx row measured right before it, for context on every
-    # passthrough line: how near its HTTP layer alone comes to nginx.
+    # hyper alone against nginx's first row (both measured at the start of the run), for context
+    # on every passthrough line: how near the HTTP layer alone comes to nginx. The verdict's own
+    # ratio is against the nginx row beside the store, so the line names which row each uses.
     hyper_row, first_nginx = row("passthrough", HYPER_FLOOR), row("passthrough", NGINX)
     hyper_note = ""
     if hyper_row and first_nginx and first_nginx["rps"]:
-        hyper_note = (f"; hyper alone {hyper_row['rps'] / first_nginx['rps']:.2f}× nginx"
+        hyper_note = (f"; hyper alone {hyper_row['rps'] / first_nginx['rps']:.2f}× nginx's first row"
                       + (f" (by CPU {cpu_us(first_nginx) / cpu_us(hyper_row):.2f}×)"
                          if cpu_us(first_nginx) and cpu_us(hyper_row) else ""))
     for st in STORES:

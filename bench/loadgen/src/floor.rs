@@ -1,13 +1,15 @@
 //! `floor`: the least an HTTP/1.1 reverse proxy on tokio can do per request, as a reference for
-//! the passthrough target (bench/README.md, "The floor").
+//! the passthrough target (bench/README.md, "Reference proxies").
 //!
 //! Per client connection it keeps one upstream connection (nginx's keep-alive pool, in the
 //! steady state of a closed-loop run) and, per request: reads and parses the head with
 //! `httparse` (the parser hyper uses), reads a `Content-Length` body, writes the head (minus
 //! `Connection`) and the body upstream in one write, reads and parses the response head the
 //! same way, and writes the response back as it came in one write. No routing, no header
-//! rewriting beyond that, no timeouts, no chunked bodies: whatever a real proxy adds on top,
-//! idemgate's passthrough included, is cost above this floor.
+//! rewriting beyond that, no timeouts: whatever a real proxy adds on top, idemgate's passthrough
+//! included, is cost above this floor. It follows only bodies framed by `Content-Length`: a
+//! message it could not delimit (chunked, a response without a length, `HEAD`, 1xx) ends the
+//! connection with an error rather than let the two sides fall out of step.
 
 use std::io;
 use std::net::SocketAddr;
@@ -92,6 +94,11 @@ fn parse_request(buf: &[u8], out: &mut Vec<u8>) -> io::Result<Option<(usize, usi
         httparse::Status::Complete(n) => n,
         httparse::Status::Partial => return Ok(None),
     };
+    // A HEAD's response carries a length but no body, and CONNECT is a tunnel: neither is
+    // delimited by the rule below.
+    if matches!(req.method, Some("HEAD" | "CONNECT")) {
+        return Err(invalid("the floor forwards no HEAD or CONNECT"));
+    }
     out.clear();
     out.extend_from_slice(req.method.unwrap_or("GET").as_bytes());
     out.push(b' ');
@@ -101,6 +108,9 @@ fn parse_request(buf: &[u8], out: &mut Vec<u8>) -> io::Result<Option<(usize, usi
     for h in req.headers.iter() {
         if h.name.eq_ignore_ascii_case("connection") {
             continue;
+        }
+        if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            return Err(invalid("the floor follows Content-Length bodies only"));
         }
         if h.name.eq_ignore_ascii_case("content-length") {
             body_len = content_length(h.value)?;
@@ -122,12 +132,25 @@ fn parse_response(buf: &[u8]) -> io::Result<Option<usize>> {
         httparse::Status::Complete(n) => n,
         httparse::Status::Partial => return Ok(None),
     };
-    let mut body_len = 0;
+    let status = resp.code.unwrap_or(0);
+    if status < 200 {
+        return Err(invalid("the floor forwards no 1xx response"));
+    }
+    let mut body_len = None;
     for h in resp.headers.iter() {
+        if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            return Err(invalid("the floor follows Content-Length bodies only"));
+        }
         if h.name.eq_ignore_ascii_case("content-length") {
-            body_len = content_length(h.value)?;
+            body_len = Some(content_length(h.value)?);
         }
     }
+    // Without a length a response runs to the connection's close, which the floor does not follow.
+    let body_len = match (body_len, status) {
+        (Some(n), _) => n,
+        (None, 204 | 304) => 0,
+        (None, _) => return Err(invalid("a response without Content-Length")),
+    };
     Ok(Some(head_len + body_len))
 }
 
@@ -171,7 +194,12 @@ pub async fn run_hyper(listen: SocketAddr, upstream: SocketAddr) -> io::Result<(
             let send = Arc::new(tokio::sync::Mutex::new(send));
             let svc = service_fn(move |req: hyper::Request<Incoming>| {
                 let send = send.clone();
-                async move { send.lock().await.send_request(req).await }
+                async move {
+                    let mut send = send.lock().await;
+                    // Ready for the next request only once the previous response is read.
+                    send.ready().await?;
+                    send.send_request(req).await
+                }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .keep_alive(true)

@@ -30,14 +30,15 @@
 //! delay and counts its executions (`GET /executions` answers `{"executions":N}`).
 //!
 //! `floor` is the least a reverse proxy on tokio can do per request, and `hyper-floor` the same
-//! on hyper's server and client with nothing else (`floor.rs`): references that `bench/ab.sh`
-//! measures beside nginx and idemgate, to tell the cost of the HTTP layer from the gateway's own.
+//! on hyper's server and client with nothing else (`floor.rs`): references that `bench/run.sh`,
+//! `bench/ab.sh` and `bench/instructions.sh` measure beside nginx and idemgate, to tell the cost
+//! of the HTTP layer from the gateway's own.
 //!
 //! Everything prints one `RESULT key=value ...` line on stdout. HTTP/1.1 only, keep-alive,
 //! Content-Length or chunked response bodies; no TLS. Hand-rolled on purpose: the dependencies
 //! are tokio and httparse (hyper's own parser, for `floor`), so it builds in seconds and costs the
 //! load side little CPU. `--features floor` adds hyper (for `hyper-floor`) and the gateway's
-//! allocator; bench/ab.sh builds it so, with the gateway's release settings.
+//! allocator; `build_floor` in bench/lib.sh builds it so, with the gateway's release settings.
 
 use std::collections::HashMap;
 use std::io;
