@@ -93,7 +93,6 @@ for bin in "$@"; do
   printf '%s %s %s requests=%s %s\n' "$bin" "$STORE" "$SCENARIO" "$requests" "$per_request"
   n=$((${n:-0} + 1))
   if [[ -n "${BENCH_CG_DIR:-}" ]]; then
-    mkdir -p "$BENCH_CG_DIR"
     for f in "$dir"/cg.out.*; do cp "$f" "$BENCH_CG_DIR/$n.$(basename "$f")"; done
   fi
   kill "$gw"

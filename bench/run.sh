@@ -910,8 +910,7 @@ if [[ "$WRITE_DOC" == 1 ]]; then
   write_report "$REPO" "$RESULTS" "$META" "$WORK" || die "report generation failed"
   log "wrote $DOC, $IMG and the raw results in $REPO/bench/results/"
 else
-  python3 "$REPO/bench/report.py" --results "$RESULTS" --meta "$META" --out "$GEN" \
-    --svg "$WORK/benchmarks.svg" --svg-link "img/benchmarks.svg" || die "report generation failed"
+  render_report "$REPO" "$RESULTS" "$META" "$WORK" || die "report generation failed"
   cp "$RESULTS" "${BENCH_RESULTS_COPY:-/tmp/idemgate-bench-results.txt}" 2>/dev/null || true
   log "BENCH_WRITE_DOC=0: docs left alone; results copied to ${BENCH_RESULTS_COPY:-/tmp/idemgate-bench-results.txt}"
 fi
