@@ -258,13 +258,7 @@ impl Gateway {
         fingerprint: Fingerprint,
         log: &mut AccessLog,
     ) -> Result<Response<Body>, Problem> {
-        let Call {
-            route,
-            parts,
-            body,
-            peer,
-            principal,
-        } = call;
+        let route = &*call.route;
         let timer = Instant::now();
         let begun = self
             .engine
@@ -277,32 +271,28 @@ impl Gateway {
         let started = match begun {
             Ok(s) => s,
             Err(e) => {
-                store_failed(&route, &e, log)?;
+                store_failed(route, &e, log)?;
+                let Call {
+                    parts,
+                    body,
+                    peer,
+                    principal,
+                    ..
+                } = call;
                 // Boxed, as every rare branch here: `dedup`'s future is as large as its largest
                 // await, and each miss moves it (see `Gateway::route`).
-                return Box::pin(self.forward(&route, parts, body, peer, principal.as_ref())).await;
+                return Box::pin(self.forward(route, parts, body, peer, principal.as_ref())).await;
             }
         };
         match started {
             Started::Execute(exec) => {
                 log.set_operation_id(exec.operation_id());
                 log.outcome = "executed";
-                let this = self.clone();
                 // If the client goes away, the upstream call still runs to its end and its
                 // outcome is recorded: dropped unfinished, the execution moves to a tracked task.
-                let execution = async move {
-                    let mut stored = false;
-                    let call = Call {
-                        route,
-                        parts,
-                        body,
-                        peer,
-                        principal,
-                    };
-                    let resp = this.execute(call, key, exec, &mut stored).await;
-                    (resp, stored)
-                };
-                let (resp, stored) = Detached::new(execution, &self.tasks).await;
+                // Made inside the call so it is never a local of `dedup`: it is boxed at once,
+                // and a local would make every `dedup` future as large as it (4 KB).
+                let (resp, stored) = Detached::new(self.clone().execute(call, key, exec), &self.tasks).await;
                 log.stored = stored;
                 if resp.as_ref().is_err_and(|p| p.kind == Kind::RequestInFlight) {
                     // The lease ran out before the upstream was called: nothing executed.
@@ -319,10 +309,10 @@ impl Gateway {
                 log.outcome = "replayed";
                 log.set_operation_id(&operation_id);
                 let status = match route.status {
-                    Some(_) => Box::pin(self.probe_status(&route, response.body.as_deref())).await,
+                    Some(_) => Box::pin(self.probe_status(route, response.body.as_deref())).await,
                     None => None,
                 };
-                let mut resp = replay(&route, response, &operation_id, expires_at);
+                let mut resp = replay(route, response, &operation_id, expires_at);
                 if let Some(st) = status {
                     resp.headers_mut().insert(IDEMPOTENCY_STATUS, st);
                 }
@@ -352,14 +342,14 @@ impl Gateway {
         }
     }
 
-    /// Calls the upstream as the key's owner and records the outcome.
+    /// Calls the upstream as the key's owner and records the outcome; also tells whether the
+    /// outcome was stored.
     async fn execute(
-        &self,
+        self: Arc<Self>,
         call: Call,
         key: String,
         exec: Execution<AnyStore>,
-        stored_flag: &mut bool,
-    ) -> Result<Response<Body>, Problem> {
+    ) -> (Result<Response<Body>, Problem>, bool) {
         let op = exec.operation_id().to_owned();
         let route = &*call.route;
         let upstream = self
@@ -377,11 +367,11 @@ impl Gateway {
             Err(problem) if problem.kind == Kind::RequestInFlight => {
                 // The lease ran out before the upstream was called (`lease_lost`).
                 self.withdraw(exec).await;
-                return Err(problem.operation(op));
+                return (Err(problem.operation(op)), false);
             }
             Err(problem) => {
                 self.finish(exec, Outcome::NoResponse).await;
-                return Err(problem.operation(op));
+                return (Err(problem.operation(op)), false);
             }
         };
         let (mut head, body) = resp.into_parts();
@@ -392,9 +382,8 @@ impl Gateway {
             Ok(Read::TooLarge(prefix, rest)) => (None, stream(Prefixed::new(prefix, rest))),
             Err(_) => {
                 self.finish(exec, Outcome::NoResponse).await;
-                return Err(
-                    Problem::new(Kind::UpstreamUnavailable, "the upstream response broke off").operation(op),
-                );
+                let problem = Problem::new(Kind::UpstreamUnavailable, "the upstream response broke off");
+                return (Err(problem.operation(op)), false);
             }
         };
         strip_hop_by_hop(&mut head.headers);
@@ -403,8 +392,8 @@ impl Gateway {
             headers: storable_headers(&head.headers),
             body: stored_body,
         };
-        if let Some(Finished::Completed { expires_at }) = self.finish(exec, Outcome::Response(stored)).await {
-            *stored_flag = true;
+        let finished = self.finish(exec, Outcome::Response(stored)).await;
+        if let Some(Finished::Completed { expires_at }) = finished {
             head.headers.insert(IDEMPOTENCY_EXPIRES, rfc3339(expires_at));
             if route.status.is_some() {
                 // SPEC 8: the first response of an asynchronous procedure is `processing`.
@@ -413,7 +402,8 @@ impl Gateway {
             }
         }
         head.headers.insert(OPERATION_ID, header_value(&op));
-        Ok(Response::from_parts(head, rest))
+        let stored = matches!(finished, Some(Finished::Completed { .. }));
+        (Ok(Response::from_parts(head, rest)), stored)
     }
 
     /// Forwards without deduplication.
