@@ -6,8 +6,9 @@
 //! 3. **policy**: `required` / `accepted` / `prohibited` / `handler_internal` decide whether the
 //!    key is read, refused, or the request is forwarded untouched.
 //! 4. **dedup**: namespaced key, fingerprint, [`Engine::begin`]; then execute, replay or refuse.
-//! 5. **execute**: the upstream call runs in its own task so a client that disconnects cannot
-//!    cancel it; its outcome is completed or released before the client sees the response.
+//! 5. **execute**: the upstream call runs to its end even if the client disconnects (polled by
+//!    the request's task, moved to a task of its own if that one drops it: `detach.rs`); its
+//!    outcome is completed or released before the client sees the response.
 //!
 //! Beside the phases: the webhook case in `delivery.rs`, recording an outcome in `finish.rs`,
 //! the recovery endpoints and the status probe in `recovery.rs`, and the header work (what is
@@ -290,8 +291,8 @@ impl Gateway {
                 log.outcome = "executed";
                 // If the client goes away, the upstream call still runs to its end and its
                 // outcome is recorded: dropped unfinished, the execution moves to a tracked task.
-                // Made inside the call so it is never a local of `dedup`: it is boxed at once,
-                // and a local would make every `dedup` future as large as it (4 KB).
+                // `execute`'s own future is what gets boxed: a wrapper block around it would
+                // hold the request's fields a second time, as its captures.
                 let (resp, stored) = Detached::new(self.clone().execute(call, key, exec), &self.tasks).await;
                 log.stored = stored;
                 if resp.as_ref().is_err_and(|p| p.kind == Kind::RequestInFlight) {
@@ -343,7 +344,7 @@ impl Gateway {
     }
 
     /// Calls the upstream as the key's owner and records the outcome; also tells whether the
-    /// outcome was stored.
+    /// outcome was stored (completed).
     async fn execute(
         self: Arc<Self>,
         call: Call,
@@ -392,18 +393,20 @@ impl Gateway {
             headers: storable_headers(&head.headers),
             body: stored_body,
         };
-        let finished = self.finish(exec, Outcome::Response(stored)).await;
-        if let Some(Finished::Completed { expires_at }) = finished {
-            head.headers.insert(IDEMPOTENCY_EXPIRES, rfc3339(expires_at));
-            if route.status.is_some() {
-                // SPEC 8: the first response of an asynchronous procedure is `processing`.
-                head.headers
-                    .insert(IDEMPOTENCY_STATUS, HeaderValue::from_static("processing"));
+        let completed = match self.finish(exec, Outcome::Response(stored)).await {
+            Some(Finished::Completed { expires_at }) => {
+                head.headers.insert(IDEMPOTENCY_EXPIRES, rfc3339(expires_at));
+                if route.status.is_some() {
+                    // SPEC 8: the first response of an asynchronous procedure is `processing`.
+                    head.headers
+                        .insert(IDEMPOTENCY_STATUS, HeaderValue::from_static("processing"));
+                }
+                true
             }
-        }
+            _ => false,
+        };
         head.headers.insert(OPERATION_ID, header_value(&op));
-        let stored = matches!(finished, Some(Finished::Completed { .. }));
-        (Ok(Response::from_parts(head, rest)), stored)
+        (Ok(Response::from_parts(head, rest)), completed)
     }
 
     /// Forwards without deduplication.
