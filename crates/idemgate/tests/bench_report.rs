@@ -110,12 +110,16 @@ fn render() -> Option<String> {
     Some(std::fs::read_to_string(out).unwrap())
 }
 
+/// The targets section of the report: everything after its heading.
+fn targets(md: &str) -> &str {
+    md.split("### Targets of issue 9")
+        .nth(1)
+        .expect("a targets section")
+}
+
 /// The line of the targets table whose first cell is `scenario` and which contains `with`.
 fn target<'a>(md: &'a str, scenario: &str, with: &str) -> &'a str {
-    let table = md
-        .split("### Targets of issue 9")
-        .nth(1)
-        .expect("a targets section");
+    let table = targets(md);
     table
         .lines()
         .find(|l| l.starts_with(&format!("| {scenario} |")) && l.contains(with))
@@ -206,8 +210,7 @@ fn report_judges_each_target_from_the_right_rows() {
         l.contains("slowest 221.6 ms") && l.contains("**MISS** slowest 2 ms over"),
         "{l}"
     );
-    let targets = md.split("### Targets of issue 9").nth(1).unwrap();
-    let storms = targets
+    let storms = targets(&md)
         .lines()
         .filter(|l| l.starts_with("| duplicate storm, "))
         .count();
