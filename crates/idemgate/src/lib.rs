@@ -21,6 +21,7 @@
 pub mod access_log;
 pub mod admin;
 pub mod body;
+mod clock;
 pub mod config;
 pub mod demo;
 mod detach;

@@ -9,13 +9,20 @@
 //! slower: the connection state is large, and moving it between pool, request and body cost
 //! more than the task switch it saved.)
 //!
+//! A request's bound (the route's `timeout`) runs on its connection's [`Clock`], kept from one
+//! request to the next, rather than on a tokio timer entered into the wheel and taken out again
+//! per request: under callgrind 68 instructions fewer per passthrough and 114 per miss
+//! (docs/benchmarks-journal.md). A checked-out connection serves one request at a time, the
+//! clock's one user.
+//!
 //! A request that hyper hands back unsent (the pooled connection closed before the request was
 //! written) is sent again on a new connection; one that may have reached the upstream is never
 //! resent.
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::pin::Pin;
+use std::future::Future;
+use std::pin::{Pin, pin};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -30,6 +37,8 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+
+use crate::clock::Clock;
 
 /// Idle connections kept per origin; more are closed when they come back.
 const MAX_IDLE_PER_ORIGIN: usize = 1024;
@@ -50,6 +59,8 @@ pub enum Error {
     Http(hyper::Error),
     /// The caller withdrew the request before it was sent (see [`Upstreams::request_unless`]).
     Withdrawn,
+    /// The response head did not arrive by the request's deadline.
+    Timeout,
 }
 
 impl fmt::Display for Error {
@@ -60,6 +71,7 @@ impl fmt::Display for Error {
             Self::ConnectTimeout => f.write_str("connect timed out"),
             Self::Http(e) => write!(f, "{e}"),
             Self::Withdrawn => f.write_str("withdrawn before it was sent"),
+            Self::Timeout => f.write_str("no response by the deadline"),
         }
     }
 }
@@ -93,8 +105,12 @@ struct Origin {
     idle: VecDeque<(Conn, Instant)>,
 }
 
-/// One HTTP/1.1 connection's request sender; the connection itself runs in a task of its own.
-type Conn = http1::SendRequest<Full<Bytes>>;
+/// One HTTP/1.1 connection's request sender (the connection itself runs in a task of its own),
+/// and the clock that bounds its requests once one had a deadline.
+struct Conn {
+    send: http1::SendRequest<Full<Bytes>>,
+    clock: Option<Clock>,
+}
 
 impl Upstreams {
     #[must_use]
@@ -116,19 +132,22 @@ impl Upstreams {
     /// # Errors
     /// A bad target, a failed connect, or a failed exchange.
     pub async fn request(&self, req: Request<Full<Bytes>>) -> Result<Response<UpstreamBody>, Error> {
-        self.request_unless(req, &|| false).await
+        self.request_unless(req, &|| false, None).await
     }
 
     /// [`Upstreams::request`], unless `withdrawn` says so right before the request is written
     /// (after any wait for a connection): then nothing is sent and the answer is
     /// [`Error::Withdrawn`]. For an owner whose lease may have run out meanwhile.
     ///
+    /// With a `deadline`, the response head must arrive by then, connecting included.
+    ///
     /// # Errors
-    /// As [`Upstreams::request`], and [`Error::Withdrawn`].
+    /// As [`Upstreams::request`], [`Error::Withdrawn`], and [`Error::Timeout`].
     pub async fn request_unless(
         &self,
         mut req: Request<Full<Bytes>>,
         withdrawn: &(dyn Fn() -> bool + Sync),
+        deadline: Option<tokio::time::Instant>,
     ) -> Result<Response<UpstreamBody>, Error> {
         let authority = target(req.uri())?;
         let (mut pooled, host) = self.inner.checkout(&authority);
@@ -138,15 +157,18 @@ impl Upstreams {
             let reused = pooled.is_some();
             let mut conn = match pooled.take() {
                 Some(conn) => conn,
-                None => self.connect(&authority).await?,
+                None => by(deadline, self.connect(&authority)).await??,
             };
             // A pooled connection is normally ready at once; one whose upstream stopped reading
             // a request body it answered early never is. It is closed after a short wait
             // instead of holding this request until the route's timeout (nothing was sent on it).
             // (`is_ready` first: the usual case then arms no timer.)
             if reused
-                && !conn.is_ready()
-                && !matches!(tokio::time::timeout(READY_WAIT, conn.ready()).await, Ok(Ok(())))
+                && !conn.send.is_ready()
+                && !matches!(
+                    by(deadline, tokio::time::timeout(READY_WAIT, conn.send.ready())).await?,
+                    Ok(Ok(()))
+                )
             {
                 pooled = self.inner.checkout(&authority).0;
                 continue;
@@ -156,7 +178,15 @@ impl Upstreams {
                 self.inner.checkin(&authority, conn);
                 return Err(Error::Withdrawn);
             }
-            match conn.try_send_request(req).await {
+            let sent = conn.send.try_send_request(req);
+            let sent = match deadline {
+                Some(deadline) => {
+                    let clock = conn.clock.get_or_insert_with(|| Clock::new(deadline));
+                    bounded(sent, clock, deadline).await?
+                }
+                None => sent.await,
+            };
+            match sent {
                 Ok(resp) => {
                     let back = Some((conn, self.inner.clone(), authority));
                     return Ok(resp.map(|body| UpstreamBody {
@@ -193,7 +223,7 @@ impl Upstreams {
                 tracing::debug!(error = %e, "upstream connection ended with an error");
             }
         });
-        Ok(send)
+        Ok(Conn { send, clock: None })
     }
 
     /// Idle connections to `authority` that are still open.
@@ -207,7 +237,7 @@ impl Upstreams {
         origins
             .iter()
             .find(|o| o.authority.as_str().eq_ignore_ascii_case(authority))
-            .map_or(0, |o| o.idle.iter().filter(|(c, _)| !c.is_closed()).count())
+            .map_or(0, |o| o.idle.iter().filter(|(c, _)| !c.send.is_closed()).count())
     }
 }
 
@@ -313,11 +343,38 @@ impl Drop for UpstreamBody {
             return;
         }
         if let Some((conn, pool, authority)) = self.back.take()
-            && !conn.is_closed()
+            && !conn.send.is_closed()
         {
             pool.checkin(&authority, conn);
         }
     }
+}
+
+/// `fut`, unless `deadline` passes first (a tokio timer: for the rare waits, connecting and a
+/// pooled connection that is not ready).
+async fn by<T>(deadline: Option<tokio::time::Instant>, fut: impl Future<Output = T>) -> Result<T, Error> {
+    match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline, fut)
+            .await
+            .map_err(|_| Error::Timeout),
+        None => Ok(fut.await),
+    }
+}
+
+/// `fut`, unless `deadline` passes first on the connection's `clock`.
+async fn bounded<T>(
+    fut: impl Future<Output = T>,
+    clock: &mut Clock,
+    deadline: tokio::time::Instant,
+) -> Result<T, Error> {
+    let mut fut = pin!(fut);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(out) = fut.as_mut().poll(cx) {
+            return Poll::Ready(Ok(out));
+        }
+        clock.poll_until(cx, deadline).map(|()| Err(Error::Timeout))
+    })
+    .await
 }
 
 /// Whether two authorities name the same pool. Byte equality, not `Authority`'s own comparison

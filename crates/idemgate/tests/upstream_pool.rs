@@ -30,6 +30,9 @@ struct Answer {
     /// Answer the first request head at once, then stop reading the connection (an upstream
     /// that refuses a large request body early and never drains it).
     stop_reading: bool,
+    /// Answer the requests from this one on (counting from 1, all connections) after `delay`.
+    delay_from: usize,
+    delay: Duration,
 }
 
 /// A keep-alive upstream answering `body_len` bytes.
@@ -76,7 +79,10 @@ async fn upstream(answer: Answer) -> Upstream {
                     while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                         let head = String::from_utf8_lossy(&buf[..end]).to_string();
                         buf.drain(..end + 4);
-                        requests.fetch_add(1, Ordering::SeqCst);
+                        let n = requests.fetch_add(1, Ordering::SeqCst) + 1;
+                        if answer.delay_from > 0 && n >= answer.delay_from {
+                            tokio::time::sleep(answer.delay).await;
+                        }
                         if let Some(h) = head.lines().find_map(|l| l.strip_prefix("host: ")) {
                             hosts.lock().unwrap().push(h.to_owned());
                         }
@@ -245,4 +251,54 @@ async fn a_connection_stuck_writing_a_request_body_is_not_waited_for() {
     assert_eq!(second.len(), 2);
     assert_eq!(up.connections.load(Ordering::SeqCst), 2);
     up.close_idle.notify_waiters();
+}
+
+/// A request's deadline holds on a reused connection whose clock an earlier request set further
+/// out, and a request is not cut short by an earlier request's deadline that passed meanwhile.
+#[tokio::test]
+async fn each_request_is_bounded_by_its_own_deadline_on_a_reused_connection() {
+    let slow = Duration::from_millis(1500);
+    let up = upstream(Answer {
+        delay_from: 3,
+        delay: slow,
+        ..answering(2)
+    })
+    .await;
+    let pool = pool();
+    let by = |ms| Some(tokio::time::Instant::now() + Duration::from_millis(ms));
+    let send = |deadline| pool.request_unless(get(&up.authority), &|| false, deadline);
+    let body = |resp: http::Response<idemgate::upstream::UpstreamBody>| async {
+        resp.into_body().collect().await.unwrap().to_bytes()
+    };
+    // Answered at once: the connection's clock is set 60 s out, then moved back to 400 ms.
+    assert_eq!(body(send(by(60_000)).await.unwrap()).await.len(), 2);
+    assert_eq!(body(send(by(400)).await.unwrap()).await.len(), 2);
+    // The second request's deadline passes while the connection is idle.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let started = Instant::now();
+    let answered = send(by(5_000)).await.expect("answered within its own deadline");
+    assert_eq!(body(answered).await.len(), 2);
+    assert!(started.elapsed() >= slow, "the upstream took {slow:?}");
+
+    let started = Instant::now();
+    let late = send(by(300)).await;
+    let took = started.elapsed();
+    assert!(
+        matches!(late, Err(idemgate::upstream::Error::Timeout)),
+        "{late:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(300),
+        "ended at its deadline, not before: {took:?}"
+    );
+    assert!(
+        took < Duration::from_millis(1200),
+        "ended at its deadline, not the upstream's answer: {took:?}"
+    );
+    assert_eq!(
+        up.connections.load(Ordering::SeqCst),
+        1,
+        "every request reused the connection"
+    );
 }

@@ -463,26 +463,27 @@ impl Gateway {
         // gateway paused past its lease since `begin` must not run the operation another
         // replica may have taken over and run (`Execution::lease_held`).
         let withdrawn = || dedup.is_some_and(|(_, exec)| !exec.lease_held());
-        let timer = Instant::now();
-        let answer = tokio::time::timeout(
-            route.upstream.timeout,
-            self.client.request_unless(req, &withdrawn),
-        )
-        .await;
+        // Tokio's clock, which the bound runs on (the same as `Instant::now` unless a test
+        // paused it).
+        let timer = tokio::time::Instant::now();
+        let answer = self
+            .client
+            .request_unless(req, &withdrawn, Some(timer + route.upstream.timeout))
+            .await;
         self.metrics
             .upstream_latency(&route.id, timer.elapsed().as_secs_f64());
         match answer {
-            Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(crate::upstream::Error::Withdrawn)) => Err(lease_lost()),
-            Ok(Err(e)) => {
+            Ok(resp) => Ok(resp),
+            Err(crate::upstream::Error::Withdrawn) => Err(lease_lost()),
+            Err(crate::upstream::Error::Timeout) => {
+                Err(Problem::new(Kind::UpstreamTimeout, "the upstream did not answer in time").retry_after(1))
+            }
+            Err(e) => {
                 tracing::warn!(upstream = %route.upstream.name, error = %e, "upstream request failed");
                 Err(
                     Problem::new(Kind::UpstreamUnavailable, "the upstream could not be reached")
                         .retry_after(1),
                 )
-            }
-            Err(_) => {
-                Err(Problem::new(Kind::UpstreamTimeout, "the upstream did not answer in time").retry_after(1))
             }
         }
     }
