@@ -3,9 +3,10 @@
 //! A fresh tokio `Sleep` per wait is put into the wheel when first polled and taken out when
 //! dropped, each under the timer driver's lock. A [`Clock`] stays armed across waits instead:
 //! armed at an earlier wait's deadline, it fires at or before a later wait's, and only then is
-//! it moved (or earlier, for a shorter wait). One user at a time polls it (a connection's successive request heads, a
-//! pooled upstream connection's successive requests), so its one waker is always that user's;
-//! a clock left armed after its last wait wakes a task once for nothing.
+//! it moved (or earlier, for a shorter wait). One user at a time polls it (a connection's
+//! successive request heads, a pooled upstream connection's successive requests), and it wakes
+//! the task that polled it last. Left armed after its last wait, it keeps that task's waker and
+//! wakes it once for nothing, at most once per bound's length.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};

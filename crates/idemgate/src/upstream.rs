@@ -11,9 +11,10 @@
 //!
 //! A request's bound (the route's `timeout`) runs on its connection's [`Clock`], kept from one
 //! request to the next, rather than on a tokio timer entered into the wheel and taken out again
-//! per request: under callgrind 68 instructions fewer per passthrough and 114 per miss
-//! (docs/benchmarks-journal.md). A checked-out connection serves one request at a time, the
-//! clock's one user.
+//! per request, each under the timer driver's lock. (Under callgrind that saved 68 instructions
+//! per passthrough and 114 per miss, which the check that a request is not sent past its
+//! deadline takes back; docs/benchmarks-journal.md.) A checked-out connection serves one request
+//! at a time, the clock's one user.
 //!
 //! A request that hyper hands back unsent (the pooled connection closed before the request was
 //! written) is sent again on a new connection; one that may have reached the upstream is never
@@ -59,7 +60,8 @@ pub enum Error {
     Http(hyper::Error),
     /// The caller withdrew the request before it was sent (see [`Upstreams::request_unless`]).
     Withdrawn,
-    /// The response head did not arrive by the request's deadline.
+    /// The request's deadline passed: while connecting, waiting for a pooled connection to be
+    /// ready, or waiting for the response head; or before it could be sent, and it was not.
     Timeout,
 }
 
@@ -177,6 +179,13 @@ impl Upstreams {
                 // Unused: back to the pool (a fresh one was just opened for this request).
                 self.inner.checkin(&authority, conn);
                 return Err(Error::Withdrawn);
+            }
+            // A request past its deadline is not sent: its caller answers that it timed out and
+            // lets a retry run it, so sent now it could run twice (a gateway paused before this
+            // point, then resumed).
+            if deadline.is_some_and(|d| d <= tokio::time::Instant::now()) {
+                self.inner.checkin(&authority, conn);
+                return Err(Error::Timeout);
             }
             let sent = conn.send.try_send_request(req);
             let sent = match deadline {

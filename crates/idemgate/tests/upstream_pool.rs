@@ -270,11 +270,11 @@ async fn each_request_is_bounded_by_its_own_deadline_on_a_reused_connection() {
     let body = |resp: http::Response<idemgate::upstream::UpstreamBody>| async {
         resp.into_body().collect().await.unwrap().to_bytes()
     };
-    // Answered at once: the connection's clock is set 60 s out, then moved back to 400 ms.
+    // Answered at once: the connection's clock is set 60 s out, then moved back to 1 s.
     assert_eq!(body(send(by(60_000)).await.unwrap()).await.len(), 2);
-    assert_eq!(body(send(by(400)).await.unwrap()).await.len(), 2);
+    assert_eq!(body(send(by(1_000)).await.unwrap()).await.len(), 2);
     // The second request's deadline passes while the connection is idle.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
 
     let started = Instant::now();
     let answered = send(by(5_000)).await.expect("answered within its own deadline");
@@ -300,5 +300,31 @@ async fn each_request_is_bounded_by_its_own_deadline_on_a_reused_connection() {
         up.connections.load(Ordering::SeqCst),
         1,
         "every request reused the connection"
+    );
+}
+
+/// A request whose deadline passed before it could be sent is not sent: the caller answers that
+/// it timed out and lets a retry run it, so sent late it could run twice.
+#[tokio::test]
+async fn a_request_past_its_deadline_is_not_sent() {
+    let up = upstream(answering(2)).await;
+    let pool = pool();
+    call(&pool, &up.authority).await;
+    let past = Some(tokio::time::Instant::now());
+    let late = pool.request_unless(get(&up.authority), &|| false, past).await;
+    assert!(
+        matches!(late, Err(idemgate::upstream::Error::Timeout)),
+        "{late:?}"
+    );
+    call(&pool, &up.authority).await;
+    assert_eq!(
+        up.requests.load(Ordering::SeqCst),
+        2,
+        "the late request never reached the upstream"
+    );
+    assert_eq!(
+        up.connections.load(Ordering::SeqCst),
+        1,
+        "its connection went back unused"
     );
 }

@@ -468,7 +468,7 @@ impl Gateway {
         let timer = tokio::time::Instant::now();
         let answer = self
             .client
-            .request_unless(req, &withdrawn, Some(timer + route.upstream.timeout))
+            .request_unless(req, &withdrawn, timer.checked_add(route.upstream.timeout))
             .await;
         self.metrics
             .upstream_latency(&route.id, timer.elapsed().as_secs_f64());
