@@ -141,7 +141,8 @@ impl Upstreams {
     /// (after any wait for a connection): then nothing is sent and the answer is
     /// [`Error::Withdrawn`]. For an owner whose lease may have run out meanwhile.
     ///
-    /// With a `deadline`, the response head must arrive by then, connecting included.
+    /// With a `deadline`, the response head must arrive by then, connecting included, and a
+    /// request already past it when its connection is ready is not sent.
     ///
     /// # Errors
     /// As [`Upstreams::request`], [`Error::Withdrawn`], and [`Error::Timeout`].
@@ -191,7 +192,7 @@ impl Upstreams {
             let sent = match deadline {
                 Some(deadline) => {
                     let clock = conn.clock.get_or_insert_with(|| Clock::new(deadline));
-                    bounded(sent, clock, deadline).await?
+                    by_clock(sent, clock, deadline).await?
                 }
                 None => sent.await,
             };
@@ -370,8 +371,8 @@ async fn by<T>(deadline: Option<tokio::time::Instant>, fut: impl Future<Output =
     }
 }
 
-/// `fut`, unless `deadline` passes first on the connection's `clock`.
-async fn bounded<T>(
+/// [`by`] on the connection's `clock`, for the wait every request makes: its response head.
+async fn by_clock<T>(
     fut: impl Future<Output = T>,
     clock: &mut Clock,
     deadline: tokio::time::Instant,
