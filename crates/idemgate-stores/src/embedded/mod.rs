@@ -28,13 +28,17 @@
 //! Reads that need no write (a replay, a mismatch, a key in flight) are answered from a read
 //! snapshot on the caller's task without queueing behind the writer; a replay first waits until
 //! every journaled write it could have seen is on disk. The snapshot is one read transaction
-//! that the writer replaces after each commit (`snapshot.rs`), not one per caller.
+//! that the writer replaces after each commit (`snapshot.rs`), not one per caller. Completed
+//! records read that way stay decoded in memory for the key's next retries (`recent.rs`).
 
 mod batch;
 mod journal;
 #[cfg(test)]
 mod kill_tests;
 mod ops;
+mod recent;
+#[cfg(test)]
+mod recent_tests;
 mod reserved;
 mod snapshot;
 mod sync;
@@ -150,6 +154,7 @@ pub struct EmbeddedStore {
     db: Arc<Database>,
     reserved: Arc<reserved::Reserved>,
     snapshot: Arc<snapshot::Snapshot>,
+    recent: recent::Recent,
     commits: Arc<AtomicU64>,
     journal: Arc<journal::Shared>,
     replayed: usize,
@@ -256,6 +261,7 @@ impl EmbeddedStore {
             db,
             reserved,
             snapshot,
+            recent: recent::Recent::default(),
             commits,
             journal: shared,
             replayed,
@@ -368,7 +374,7 @@ impl EmbeddedStore {
                 _ => Decided::Writer,
             });
         }
-        let mut current = self.read(key)?;
+        let mut current = self.lookup(key, req.now)?;
         let (answer, write) = rules::begin_taking(&mut current, req);
         Ok(match write {
             Write::Keep => Decided::Now(answer),
@@ -401,6 +407,20 @@ impl EmbeddedStore {
     /// changed records (see [`snapshot`]).
     fn read(&self, key: &str) -> Result<Option<Record>, StoreError> {
         self.snapshot.read(&self.db, key)
+    }
+
+    /// `key`'s record as [`Self::read`] finds it, from the completed records lately read
+    /// ([`recent`]) when it is there and live at `now`.
+    fn lookup(&self, key: &str, now: Millis) -> Result<Option<Record>, StoreError> {
+        if let Some(record) = self.recent.get(key, now) {
+            return Ok(Some(record));
+        }
+        let before = self.recent.before_read();
+        let record = self.read(key)?;
+        if let Some(record) = &record {
+            self.recent.offer(key, record, now, before);
+        }
+        Ok(record)
     }
 }
 
@@ -596,7 +616,7 @@ impl Store for EmbeddedStore {
         let held = self.reserved.lock(key).get(key).map(|e| e.record.clone());
         let record = match held {
             Some(record) => Some(record),
-            None => self.read(key)?,
+            None => self.lookup(key, now)?,
         };
         let record = record.filter(|r| r.is_live(now));
         if record
@@ -611,6 +631,8 @@ impl Store for EmbeddedStore {
     async fn purge(&self, key: &str) -> Result<bool, StoreError> {
         let held = self.reserved.lock(key).remove(key).is_some();
         let stored = self.call(|tx| Op::Purge(key.to_owned(), tx)).await?;
+        // The writer answered after publishing a snapshot without the record.
+        self.recent.purged(key);
         Ok(held || stored)
     }
 

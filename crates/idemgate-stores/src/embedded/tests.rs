@@ -14,7 +14,7 @@ pub(super) fn req(token: LeaseToken, now: Millis) -> BeginRequest<'static> {
     }
 }
 
-fn open() -> (tempfile::TempDir, Arc<EmbeddedStore>) {
+pub(super) fn open() -> (tempfile::TempDir, Arc<EmbeddedStore>) {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(EmbeddedStore::open(dir.path()).unwrap());
     (dir, store)
