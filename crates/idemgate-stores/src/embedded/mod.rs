@@ -154,7 +154,7 @@ pub struct EmbeddedStore {
     db: Arc<Database>,
     reserved: Arc<reserved::Reserved>,
     snapshot: Arc<snapshot::Snapshot>,
-    recent: recent::Recent,
+    recent: Arc<recent::Recent>,
     commits: Arc<AtomicU64>,
     journal: Arc<journal::Shared>,
     replayed: usize,
@@ -241,9 +241,10 @@ impl EmbeddedStore {
         let reserved = Arc::new(reserved::Reserved::default());
         let snapshot = Arc::new(snapshot::Snapshot::default());
         snapshot.publish(&db);
+        let recent = Arc::new(recent::Recent::default());
         let writer = writer::Writer::new(
             db.clone(),
-            (reserved.clone(), snapshot.clone()),
+            (reserved.clone(), snapshot.clone(), recent.clone()),
             notifier.clone(),
             commits.clone(),
             (shared.clone(), journal_tx, journal_thread),
@@ -261,7 +262,7 @@ impl EmbeddedStore {
             db,
             reserved,
             snapshot,
-            recent: recent::Recent::default(),
+            recent,
             commits,
             journal: shared,
             replayed,
@@ -631,8 +632,6 @@ impl Store for EmbeddedStore {
     async fn purge(&self, key: &str) -> Result<bool, StoreError> {
         let held = self.reserved.lock(key).remove(key).is_some();
         let stored = self.call(|tx| Op::Purge(key.to_owned(), tx)).await?;
-        // The writer answered after publishing a snapshot without the record.
-        self.recent.purged(key);
         Ok(held || stored)
     }
 

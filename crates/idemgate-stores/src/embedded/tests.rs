@@ -162,7 +162,7 @@ fn run_aborting_child(child: &str, dir: &std::path::Path, round: Option<usize>) 
 }
 
 /// Polls `done` until it holds; fails with `what` after 10 s.
-async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+pub(super) async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !done() {
         assert!(std::time::Instant::now() < deadline, "{what}");

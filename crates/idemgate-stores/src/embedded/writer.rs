@@ -6,12 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use idemgate_core::notify::Notifier;
-use idemgate_core::record::{LeaseToken, Millis, Record};
+use idemgate_core::record::{LeaseToken, Millis, Record, RecordState};
 use idemgate_core::rules::{self, Write};
 use idemgate_core::store::StoreError;
 use redb::{Database, ReadableTable};
 use tokio::sync::mpsc;
 
+use super::recent::Recent;
 use super::reserved::{Entry, Reserved, State};
 use super::snapshot::Snapshot;
 use super::{
@@ -57,6 +58,7 @@ pub(super) struct Writer {
     /// Replaced after every batch's commit, before the commit's stand-ins go or anyone is
     /// answered (checkpoints change no record, so they leave it).
     snapshot: Arc<Snapshot>,
+    recent: Arc<Recent>,
     notifier: Arc<Notifier>,
     commits: Arc<AtomicU64>,
     shared: Arc<journal::Shared>,
@@ -73,7 +75,7 @@ pub(super) struct Writer {
 impl Writer {
     pub(super) fn new(
         db: Arc<Database>,
-        (reserved, snapshot): (Arc<Reserved>, Arc<Snapshot>),
+        (reserved, snapshot, recent): (Arc<Reserved>, Arc<Snapshot>, Arc<Recent>),
         notifier: Arc<Notifier>,
         commits: Arc<AtomicU64>,
         (shared, journal, journal_thread): (
@@ -88,6 +90,7 @@ impl Writer {
             db,
             reserved,
             snapshot,
+            recent,
             notifier,
             commits,
             shared,
@@ -179,7 +182,7 @@ impl Writer {
             &self.db,
             batch.drain(..),
             (&mut replies, &mut stand_ins),
-            (&mut self.frames, &self.reserved),
+            (&mut self.frames, &self.reserved, &self.recent),
             (&self.shared, fail),
         );
         self.commits
@@ -188,6 +191,7 @@ impl Writer {
         // stand-ins go. After a failed commit too: like any fresh read, it shows what redb shows.
         if publish {
             self.snapshot.publish(&self.db);
+            self.recent.published();
         }
         let frames = std::mem::take(&mut self.frames.buf);
         // Committed: redb shows these writes now, so the entries standing in for them go. Not
@@ -301,7 +305,7 @@ fn apply_batch(
     db: &Database,
     ops: impl Iterator<Item = Op>,
     (replies, stand_ins): (&mut Vec<Reply>, &mut Vec<StandIn>),
-    (frames, reserved): (&mut Frames, &Reserved),
+    (frames, reserved, recent): (&mut Frames, &Reserved, &Recent),
     (shared, fail): (&journal::Shared, bool),
 ) -> Result<(), redb::Error> {
     let mut txn = db.begin_write()?;
@@ -309,7 +313,7 @@ fn apply_batch(
     txn.set_durability(redb::Durability::None)
         .map_err(|e| redb::Error::Io(std::io::Error::other(e.to_string())))?;
     let first = frames.seq;
-    {
+    let removes = {
         let mut records = txn.open_table(RECORDS)?;
         let mut expiry = txn.open_table(EXPIRY)?;
         let mut tables = Tables {
@@ -319,11 +323,17 @@ fn apply_batch(
             journaling: false,
             reserved,
             stand_ins,
+            removes: false,
         };
         for op in ops {
             tables.journaling = op.needs_durability();
             replies.push(tables.apply(op)?);
         }
+        tables.removes
+    };
+    if removes {
+        // Before the commit can show: the records callers keep from redb stop answering.
+        recent.removing();
     }
     if frames.seq > first {
         shared.wrote(frames.seq);
@@ -379,6 +389,7 @@ pub(super) fn recover(db: &Database, journal: [&[u8]; 2]) -> Result<(u64, (u64, 
             journaling: false,
             reserved: &reserved,
             stand_ins: &mut stand_ins,
+            removes: false,
         };
         for frame in &frames {
             let old = tables.load(&frame.key)?;
@@ -409,6 +420,8 @@ struct Tables<'a, 't> {
     journaling: bool,
     reserved: &'a Reserved,
     stand_ins: &'a mut Vec<StandIn>,
+    /// Whether a completed record was deleted or replaced ([`super::recent`]).
+    removes: bool,
 }
 
 impl Tables<'_, '_> {
@@ -418,6 +431,8 @@ impl Tables<'_, '_> {
     }
 
     fn write(&mut self, key: &str, old: Option<&Record>, write: Write) -> Result<(), redb::Error> {
+        let completed = old.is_some_and(|o| matches!(o.state, RecordState::Completed { .. }));
+        self.removes |= completed && !matches!(write, Write::Keep);
         match write {
             Write::Keep => return Ok(()),
             Write::Put(rec) => {
@@ -576,7 +591,7 @@ impl Tables<'_, '_> {
             // The index may lag a record whose expiry moved; delete only what is really due.
             let live = matches!(self.load(key), Ok(Some(rec)) if rec.is_live(now));
             if !live {
-                self.records.remove(key.as_str())?;
+                self.removes |= self.records.remove(key.as_str())?.is_some();
             }
         }
         Ok(due.len())
