@@ -82,7 +82,19 @@ async fn a_purged_key_runs_again() {
     assert!(store.recent.holds("k"));
     assert!(store.purge("k").await.unwrap());
     assert!(!store.recent.holds("k"));
-    assert!(matches!(begin(&store, "k", 20).await, Ok(Begin::Acquired { .. })));
+    // The key runs again, and its new outcome is kept once read: the purge did not turn the
+    // cache off.
+    let owner = LeaseToken::random();
+    assert!(matches!(
+        store.begin("k", &req(owner, 20)).await,
+        Ok(Begin::Acquired { .. })
+    ));
+    store
+        .complete("k", owner, response(b"two"), 5_000, 20)
+        .await
+        .unwrap();
+    assert_eq!(replayed(begin(&store, "k", 30).await), response(b"two"));
+    assert!(store.recent.holds("k"));
 }
 
 #[tokio::test]
@@ -95,6 +107,9 @@ async fn an_expired_record_is_read_again_after_a_new_owner_completed() {
     completed(&store, "k", b"new", 2_000, 5_000).await;
     assert_eq!(replayed(begin(&store, "k", 2_100).await), response(b"new"));
     assert_eq!(replayed(begin(&store, "k", 2_200).await), response(b"new"));
+    // A caller whose clock is behind the takeover's gets the new outcome too: the takeover's
+    // deletion of the old record stopped what was kept of it.
+    assert_eq!(replayed(begin(&store, "k", 600).await), response(b"new"));
 }
 
 /// A purge whose caller stopped waiting (its timeout, a client gone) still takes effect in

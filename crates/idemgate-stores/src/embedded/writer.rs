@@ -589,9 +589,13 @@ impl Tables<'_, '_> {
         for (at, key) in &due {
             self.expiry.remove((*at, key.as_str()))?;
             // The index may lag a record whose expiry moved; delete only what is really due.
-            let live = matches!(self.load(key), Ok(Some(rec)) if rec.is_live(now));
-            if !live {
-                self.removes |= self.records.remove(key.as_str())?.is_some();
+            let old = self.load(key);
+            if !matches!(&old, Ok(Some(rec)) if rec.is_live(now)) {
+                let removed = self.records.remove(key.as_str())?.is_some();
+                // Only a completed record can be kept from redb; one that does not decode counts.
+                let completed =
+                    !matches!(&old, Ok(Some(rec)) if !matches!(rec.state, RecordState::Completed { .. }));
+                self.removes |= removed && completed;
             }
         }
         Ok(due.len())
