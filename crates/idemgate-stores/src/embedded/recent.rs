@@ -17,8 +17,9 @@
 //! batch saw an older count, and while a batch is between its commit and its publish (odd) no
 //! entry answers and none enters. The writer does this itself, before it answers the batch, so
 //! nothing depends on the caller of a purge still waiting for its answer. Batches that only add
-//! records or complete reservations (nearly all of them) leave the count alone; a sweep, every
-//! 10 s by default, empties the cache in effect, which costs each key one more read.
+//! records or complete reservations (nearly all of them) leave the count alone; one that does
+//! (a purge, a takeover of an expired outcome, a sweep deleting one) empties the cache in effect,
+//! which costs each key one more read.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -73,6 +74,12 @@ impl Default for Recent {
     }
 }
 
+/// Whether `record` is of the kind kept here: the one rule for what enters, and for which
+/// deletions and replacements the writer must count as removals.
+pub(super) fn may_hold(record: &Record) -> bool {
+    matches!(record.state, RecordState::Completed { .. })
+}
+
 /// The count a reader saw before reading the snapshot, to hand back to [`Recent::offer`].
 #[derive(Clone, Copy)]
 pub(super) struct Before(u64);
@@ -94,8 +101,7 @@ impl Recent {
     /// Keeps `record`, read from a snapshot after `before`, if it is completed and live and no
     /// removal was under way.
     pub(super) fn offer(&self, key: &str, record: &Record, now: Millis, before: Before) {
-        let completed = matches!(record.state, RecordState::Completed { .. });
-        if before.0 % 2 == 1 || !completed || !record.is_live(now) {
+        if before.0 % 2 == 1 || !may_hold(record) || !record.is_live(now) {
             return;
         }
         let cached = Cached {

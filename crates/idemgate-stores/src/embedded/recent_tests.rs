@@ -1,7 +1,7 @@
 //! The completed records lately read ([`super::recent`]): what enters, and that no purge, sweep,
 //! expiry or replacement is ever hidden by them.
 
-use super::tests::{open, req, wait_until};
+use super::tests::{open, open_skipping_publish, req, wait_until};
 use super::*;
 use idemgate_core::RecordState;
 
@@ -138,13 +138,7 @@ async fn a_purge_whose_caller_stopped_waiting_is_not_hidden() {
 /// stretches by skipping one publish): later callers get the new record, never the old one.
 #[tokio::test]
 async fn a_replaced_record_is_not_kept_from_a_stale_snapshot() {
-    let dir = tempfile::tempdir().unwrap();
-    let skip = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let checkpoints = Checkpoints {
-        skip_next_publish: Some(skip.clone()),
-        ..CHECKPOINTS.clone()
-    };
-    let store = EmbeddedStore::open_with(dir.path(), checkpoints).unwrap();
+    let (_dir, store, skip) = open_skipping_publish();
     completed(&store, "k", b"old", 0, 1_000).await;
     // At 2_000 the old record is expired; a reservation that must reach redb replaces it, and
     // that commit publishes no snapshot.

@@ -20,6 +20,23 @@ pub(super) fn open() -> (tempfile::TempDir, Arc<EmbeddedStore>) {
     (dir, store)
 }
 
+/// A store whose next commit skips its snapshot publish once the returned flag is set: callers
+/// then read the snapshot before it, as they may in the moment between a commit and its publish.
+pub(super) fn open_skipping_publish() -> (
+    tempfile::TempDir,
+    EmbeddedStore,
+    Arc<std::sync::atomic::AtomicBool>,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let skip = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let checkpoints = Checkpoints {
+        skip_next_publish: Some(skip.clone()),
+        ..CHECKPOINTS.clone()
+    };
+    let store = EmbeddedStore::open_with(dir.path(), checkpoints).unwrap();
+    (dir, store, skip)
+}
+
 pub(super) const CRASH_DIR: &str = "IDEMGATE_TEST_JOURNAL_CRASH_DIR";
 const ROUNDS: usize = 2;
 const KEYS: usize = 60;
@@ -818,13 +835,7 @@ fn replies_go_through_the_answerer_and_around_it_once_its_runtime_ends() {
 /// the outcome.
 #[tokio::test]
 async fn a_takeover_on_a_stale_snapshot_decides_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let skip = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let checkpoints = Checkpoints {
-        skip_next_publish: Some(skip.clone()),
-        ..CHECKPOINTS.clone()
-    };
-    let store = EmbeddedStore::open_with(dir.path(), checkpoints).unwrap();
+    let (_dir, store, skip) = open_skipping_publish();
     // A reservation in redb (`on_lease_expiry: fail`), its lease until 1_000.
     let owner = LeaseToken::random();
     let mut durable = req(owner, 0);

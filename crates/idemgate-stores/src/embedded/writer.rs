@@ -6,13 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use idemgate_core::notify::Notifier;
-use idemgate_core::record::{LeaseToken, Millis, Record, RecordState};
+use idemgate_core::record::{LeaseToken, Millis, Record};
 use idemgate_core::rules::{self, Write};
 use idemgate_core::store::StoreError;
 use redb::{Database, ReadableTable};
 use tokio::sync::mpsc;
 
-use super::recent::Recent;
+use super::recent::{self, Recent};
 use super::reserved::{Entry, Reserved, State};
 use super::snapshot::Snapshot;
 use super::{
@@ -431,8 +431,7 @@ impl Tables<'_, '_> {
     }
 
     fn write(&mut self, key: &str, old: Option<&Record>, write: Write) -> Result<(), redb::Error> {
-        let completed = old.is_some_and(|o| matches!(o.state, RecordState::Completed { .. }));
-        self.removes |= completed && !matches!(write, Write::Keep);
+        self.removes |= old.is_some_and(recent::may_hold) && !matches!(write, Write::Keep);
         match write {
             Write::Keep => return Ok(()),
             Write::Put(rec) => {
@@ -592,10 +591,13 @@ impl Tables<'_, '_> {
             let old = self.load(key);
             if !matches!(&old, Ok(Some(rec)) if rec.is_live(now)) {
                 let removed = self.records.remove(key.as_str())?.is_some();
-                // Only a completed record can be kept from redb; one that does not decode counts.
-                let completed =
-                    !matches!(&old, Ok(Some(rec)) if !matches!(rec.state, RecordState::Completed { .. }));
-                self.removes |= removed && completed;
+                // A record that does not decode counts: it may be one the cache holds.
+                let kept = match &old {
+                    Ok(Some(rec)) => recent::may_hold(rec),
+                    Ok(None) => false,
+                    Err(_) => true,
+                };
+                self.removes |= removed && kept;
             }
         }
         Ok(due.len())
