@@ -17,6 +17,8 @@
 #             or `floor` / `hyper-floor`: the reference proxies of bench/loadgen/src/floor.rs (the
 #             least a tokio proxy does per request; the same on hyper with nothing else), built
 #             here with the gateway's release settings (passthrough only)
+#             or STORE:SCENARIO:BIN, which overrides the first two arguments for that entry, so
+#             rows of different scenarios interleave (bench/targets.sh reads the targets so)
 #
 # Rounds alternate the binaries' order (A B, then B A) so neither always runs first.
 # Topology as in bench/run.sh: a static nginx upstream and wrk -t1 -c32 on CPU 0, the gateway on
@@ -30,13 +32,24 @@ cd "$(dirname "$0")/.."
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 
-[[ $# -ge 5 ]] || { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
+[[ $# -ge 5 ]] || { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
 STORE="$1" SCENARIO="$2" ROUNDS="$3" SECS="$4"
 shift 4
-case "$STORE" in memory | embedded) ;; *) echo "ab: store must be memory or embedded" >&2; exit 64 ;; esac
-case "$SCENARIO" in passthrough | miss | replay) ;; *) echo "ab: unknown scenario $SCENARIO" >&2; exit 64 ;; esac
+DEFAULT_STORE="$STORE" DEFAULT_SCENARIO="$SCENARIO"
+
+# entry SPEC: sets STORE, SCENARIO and bin from an argument, BIN or STORE:SCENARIO:BIN.
+entry() {
+  STORE="$DEFAULT_STORE" SCENARIO="$DEFAULT_SCENARIO" bin="$1"
+  if [[ "$1" =~ ^([a-z]+):([a-z]+):(.+)$ ]]; then
+    STORE="${BASH_REMATCH[1]}" SCENARIO="${BASH_REMATCH[2]}" bin="${BASH_REMATCH[3]}"
+  fi
+}
+
 FLOOR=""
-for bin in "$@"; do
+for spec in "$@"; do
+  entry "$spec"
+  case "$STORE" in memory | embedded) ;; *) echo "ab: store must be memory or embedded" >&2; exit 64 ;; esac
+  case "$SCENARIO" in passthrough | miss | replay) ;; *) echo "ab: unknown scenario $SCENARIO" >&2; exit 64 ;; esac
   if [[ "$bin" == nginx || "$bin" == floor || "$bin" == hyper-floor ]]; then
     [[ "$SCENARIO" == passthrough ]] || { echo "ab: $bin has no $SCENARIO" >&2; exit 64; }
     if [[ "$bin" != nginx && -z "$FLOOR" ]]; then
@@ -52,7 +65,8 @@ rig_start ab "$UP_PORT"
 BINS=("$@")
 for round in $(seq 1 "$ROUNDS"); do
   mapfile -t order < <(round_order "$round" "${BINS[@]}")
-  for bin in "${order[@]}"; do
+  for spec in "${order[@]}"; do
+    entry "$spec"
     dir="$WORK/gw-$round-$RANDOM"
     mkdir -p "$dir"
     if [[ "$bin" == nginx ]]; then
@@ -78,7 +92,7 @@ for round in $(seq 1 "$ROUNDS"); do
     requests="$(kv "$line" requests)"
     [[ -n "$requests" && "$requests" -gt 0 ]] || { echo "ab: no result from wrk for $bin" >&2; exit 1; }
     threads="$(cpu_per_request "$dir/t0" "$dir/t1" "$requests")"
-    printf '%s round=%s rps=%s p50_us=%s p99_us=%s errors=%s %s\n' "$bin" "$round" \
+    printf '%s round=%s rps=%s p50_us=%s p99_us=%s errors=%s %s\n' "$spec" "$round" \
       "$(kv "$line" rps)" "$(kv "$line" p50_us)" "$(kv "$line" p99_us)" "$(kv "$line" errors)" "$threads"
     kill "$gw"
     wait "$gw" 2>/dev/null || true
