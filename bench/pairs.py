@@ -12,9 +12,15 @@ the same CPU). bench/targets.sh runs the rounds and calls this.
 
 NUMERATOR and DENOMINATOR are the labels bench/ab.sh printed (its arguments, e.g. `nginx` or
 `embedded:replay:/tmp/idemgate`). Lines that are not ab.sh results are ignored.
+
+The verdict is settled only when the whole of a distribution-free interval of the median (order
+statistics of the per-round ratios, at least 90% coverage) lies on one side of the target:
+PASS or MISS. Otherwise it says "not settled" with the side the median falls on: on a VM where
+two adjacent rows differ by a fifth, ten pairs can leave a ratio of 1.04 undecided.
 """
 
 import argparse
+import math
 import re
 import sys
 
@@ -29,6 +35,22 @@ def median(xs):
         return None
     mid = n // 2
     return xs[mid] if n % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def interval(xs, coverage=0.90):
+    """(low, high): order statistics x_(k) and x_(n+1-k) of the values, k the largest for which
+    the interval covers the median with at least `coverage` whatever the distribution (the
+    binomial sign-test interval); None when even the full range covers less (fewer than 5)."""
+    xs = sorted(xs)
+    n = len(xs)
+    best = None
+    cumulative = 0.0  # P(Binomial(n, 1/2) <= k - 1)
+    for k in range(1, n // 2 + 1):
+        cumulative += math.comb(n, k - 1) / 2**n
+        if 1 - 2 * cumulative < coverage:
+            break
+        best = (xs[k - 1], xs[n - k])
+    return best
 
 
 def parse(lines):
@@ -53,14 +75,24 @@ def judge(rounds, num, den, minimum):
             if row[num][1] > 0:
                 by_cpu.append(row[den][1] / row[num][1])
     med_rps, med_cpu = median(by_rps), median(by_cpu)
+    span = interval(by_rps)
+    if med_rps is None:
+        verdict = "n/a"
+    elif span and span[0] >= minimum:
+        verdict = "PASS"
+    elif span and span[1] < minimum:
+        verdict = "MISS"
+    else:
+        verdict = "not settled (median " + ("above" if med_rps >= minimum else "below") + ")"
     return {
         "pairs": len(by_rps),
         "rps": med_rps,
         "rps_range": (min(by_rps), max(by_rps)) if by_rps else None,
+        "rps_interval": span,
         "cpu": med_cpu,
         "cpu_range": (min(by_cpu), max(by_cpu)) if by_cpu else None,
         "above": sum(r >= minimum for r in by_rps),
-        "verdict": "n/a" if med_rps is None else ("PASS" if med_rps >= minimum else "MISS"),
+        "verdict": verdict,
     }
 
 
@@ -72,14 +104,16 @@ def fmt(value, span):
 
 def table(rounds, ratios):
     out = [
-        "| target | min | by req/s, median of pairs (range) | by CPU, median (range) "
-        "| pairs at or above | verdict |",
-        "|---|---:|---|---|---:|---|",
+        "| target | min | by req/s, median of pairs (range) | 90% interval of the median "
+        "| by CPU, median (range) | pairs at or above | verdict |",
+        "|---|---:|---|---|---|---:|---|",
     ]
     for name, num, den, minimum in ratios:
         j = judge(rounds, num, den, minimum)
+        span = j["rps_interval"]
+        span = f"{span[0]:.3f}-{span[1]:.3f}" if span else "- (under 5 pairs)"
         out.append(
-            f"| {name} | {minimum:g} | {fmt(j['rps'], j['rps_range'])} "
+            f"| {name} | {minimum:g} | {fmt(j['rps'], j['rps_range'])} | {span} "
             f"| {fmt(j['cpu'], j['cpu_range'])} | {j['above']} of {j['pairs']} | {j['verdict']} |"
         )
     out += ["", "| row | req/s, median (range) | CPU per request, µs, median (range) | rounds |",

@@ -1,42 +1,64 @@
 //! `bench/pairs.py`, the judge of `bench/targets.sh`, on fixed `bench/ab.sh` lines: a ratio is
-//! taken within each round and the target judged on the median of those, so a judge that pairs
-//! rows across rounds, takes the wrong median, inverts the CPU ratio or counts a round that lost
-//! one side fails here.
+//! taken within each round and the target judged on the median of those, settled only when an
+//! interval of that median lies on one side of the target. A judge that pairs rows across
+//! rounds, takes the wrong median, inverts the CPU ratio, counts a round that lost one side or
+//! calls a ratio whose interval spans the target fails here.
 //!
 //! Needs `python3` (standard library only, as the harness); without it the test prints that it
 //! was skipped.
 
+use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
 
-/// Four full rounds and a fifth whose nginx row is missing (ab.sh stopped). Round by round the
-/// passthrough over nginx is 1.01, 1.02, 0.99 and 1.03 by req/s, while nginx itself moves
-/// between 50k and 100k, as on a drifting VM.
-const LINES: &str = "\
-building bench/loadgen...
-nginx round=1 rps=100000.0 p50_us=300 p99_us=900 errors=0 cpu_us=10.0 nginx=10.0
-memory:passthrough:/b round=1 rps=101000.0 p50_us=300 p99_us=900 errors=0 cpu_us=9.9 b=9.9
-memory:miss:/b round=1 rps=80000.0 p50_us=400 p99_us=900 errors=0 cpu_us=12.5 b=12.5
-memory:miss:/b round=2 rps=48000.0 p50_us=400 p99_us=900 errors=0 cpu_us=20.0 b=20.0
-memory:passthrough:/b round=2 rps=61200.0 p50_us=300 p99_us=900 errors=0 cpu_us=16.0 b=16.0
-nginx round=2 rps=60000.0 p50_us=300 p99_us=900 errors=0 cpu_us=16.0 nginx=16.0
-nginx round=3 rps=90000.0 p50_us=300 p99_us=900 errors=0 cpu_us=11.0 nginx=11.0
-memory:passthrough:/b round=3 rps=89100.0 p50_us=300 p99_us=900 errors=0 cpu_us=11.0 b=11.0
-memory:miss:/b round=3 rps=72000.0 p50_us=400 p99_us=900 errors=0 cpu_us=13.0 b=13.0
-memory:miss:/b round=4 rps=44000.0 p50_us=400 p99_us=900 errors=0 cpu_us=22.0 b=22.0
-memory:passthrough:/b round=4 rps=51500.0 p50_us=300 p99_us=900 errors=0 cpu_us=20.0 b=20.0
-nginx round=4 rps=50000.0 p50_us=300 p99_us=900 errors=0 cpu_us=20.0 nginx=20.0
-memory:passthrough:/b round=5 rps=10000.0 p50_us=300 p99_us=900 errors=0 cpu_us=90.0 b=90.0
-";
+/// nginx's req/s and CPU per request in six rounds, moving between 50k and 100k as on a
+/// drifting VM, and each other row as a ratio of nginx's req/s in the same round.
+const NGINX: [(f64, f64); 6] = [
+    (100_000.0, 10.0),
+    (60_000.0, 16.0),
+    (90_000.0, 11.0),
+    (50_000.0, 20.0),
+    (80_000.0, 12.0),
+    (70_000.0, 14.0),
+];
+const PASSTHROUGH: [f64; 6] = [1.01, 1.02, 0.99, 1.03, 1.04, 1.05];
+/// Over the passthrough of the same round: 0.792, 0.784, 0.808, 0.854, 0.841, 0.816.
+const MISS_RPS: [f64; 6] = [80_000.0, 48_000.0, 72_000.0, 44_000.0, 70_000.0, 60_000.0];
+const REPLAY: [f64; 6] = [1.6, 1.7, 1.55, 1.65, 1.62, 1.58];
 
-fn judge(lines: &str, ratios: &[[&str; 4]]) -> Option<String> {
+/// The rounds as bench/ab.sh prints them, in its alternating order, with a line of other output
+/// and a seventh round whose only row is a slow passthrough (ab.sh stopped there).
+fn lines() -> String {
+    let mut out = String::from("building bench/loadgen...\n");
+    let mut row = |label: &str, round: usize, rps: f64, cpu: f64| {
+        writeln!(
+            out,
+            "{label} round={round} rps={rps:.1} p50_us=300 p99_us=900 errors=0 cpu_us={cpu:.1} x={cpu:.1}"
+        )
+        .unwrap();
+    };
+    for (i, &(nginx, cpu)) in NGINX.iter().enumerate() {
+        let round = i + 1;
+        let pass = nginx * PASSTHROUGH[i];
+        // One round where the passthrough used less CPU than nginx; the rest equal.
+        let pass_cpu = if round == 1 { 9.9 } else { cpu };
+        row("nginx", round, nginx, cpu);
+        row("memory:passthrough:/b", round, pass, pass_cpu);
+        row("memory:miss:/b", round, MISS_RPS[i], cpu);
+        row("memory:replay:/b", round, nginx * REPLAY[i], cpu / 2.0);
+    }
+    row("memory:passthrough:/b", 7, 10_000.0, 90.0);
+    out
+}
+
+fn judge(ratios: &[[&str; 4]]) -> Option<String> {
     if Command::new("python3").arg("--version").output().is_err() {
         eprintln!("skipped: no python3");
         return None;
     }
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("ab.txt");
-    std::fs::write(&input, lines).unwrap();
+    std::fs::write(&input, lines()).unwrap();
     let mut cmd = Command::new("python3");
     cmd.arg(Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -63,42 +85,44 @@ fn line<'a>(md: &'a str, first_cell: &str) -> &'a str {
 
 #[test]
 fn targets_are_judged_on_the_median_of_per_round_ratios() {
-    let Some(md) = judge(
-        LINES,
-        &[
-            ["passthrough", "memory:passthrough:/b", "nginx", "1.0"],
-            ["miss", "memory:miss:/b", "memory:passthrough:/b", "0.9"],
-        ],
-    ) else {
+    let Some(md) = judge(&[
+        ["passthrough", "memory:passthrough:/b", "nginx", "1.0"],
+        ["miss", "memory:miss:/b", "memory:passthrough:/b", "0.9"],
+        ["replay", "memory:replay:/b", "nginx", "1.5"],
+    ]) else {
         return;
     };
-    // Pairs 0.99, 1.01, 1.02, 1.03: the mean of the middle two. Round 5 has no nginx row and
-    // would pull the median down to 1.01 if it were paired with anything.
+    // Pairs 0.99 to 1.05, median the mean of 1.02 and 1.03. Round 7 has no nginx row and would
+    // pull the median down if it were paired with anything. Six pairs give an interval of the
+    // whole range, which spans 1.0: not settled, though five of six pairs are above.
     let pass = line(&md, "passthrough");
-    assert!(pass.contains("| 1.015 (0.990-1.030) |"), "{pass}");
-    assert!(pass.contains("| 3 of 4 | PASS |"), "{pass}");
-    // By CPU: nginx's CPU over the passthrough's, 10/9.9, 16/16, 11/11, 20/20.
+    assert!(pass.contains("| 1.025 (0.990-1.050) | 0.990-1.050 |"), "{pass}");
+    assert!(pass.contains("| 5 of 6 | not settled (median above) |"), "{pass}");
+    // By CPU: nginx's CPU over the passthrough's, 10/9.9 in round 1, equal in the others.
     assert!(pass.contains("| 1.000 (1.000-1.010) |"), "{pass}");
 
-    // Miss over passthrough, per round: 0.792, 0.784, 0.808, 0.854; median 0.800: a miss.
+    // Every pair of the miss is under 0.9: a settled miss, median the mean of 0.808 and 0.816.
     let miss = line(&md, "miss");
-    assert!(miss.contains("| 0.800 (0.784-0.854) |"), "{miss}");
-    assert!(miss.contains("| 0 of 4 | MISS |"), "{miss}");
+    assert!(miss.contains("| 0.812 (0.784-0.854) |"), "{miss}");
+    assert!(miss.contains("| 0 of 6 | MISS |"), "{miss}");
 
-    // Each row's own spread, round 5 included for the passthrough.
+    // Every pair of the replay is over 1.5, and it used half nginx's CPU: a settled pass.
+    let replay = line(&md, "replay");
+    assert!(replay.contains("| 1.610 (1.550-1.700) |"), "{replay}");
+    assert!(replay.contains("| 2.000 (2.000-2.000) |"), "{replay}");
+    assert!(replay.contains("| 6 of 6 | PASS |"), "{replay}");
+
+    // Each row's own spread, round 7 included for the passthrough.
     let row = line(&md, "memory:passthrough:/b");
     assert!(
-        row.contains("| 61,200 (10,000-101,000) |") && row.ends_with("| 5 |"),
+        row.contains("| 73,500 (10,000-101,000) |") && row.ends_with("| 7 |"),
         "{row}"
     );
 }
 
 #[test]
 fn a_target_without_a_measured_pair_is_not_judged() {
-    let Some(md) = judge(
-        LINES,
-        &[["embedded replay", "embedded:replay:/b", "nginx", "1.5"]],
-    ) else {
+    let Some(md) = judge(&[["embedded replay", "embedded:replay:/b", "nginx", "1.5"]]) else {
         return;
     };
     let l = line(&md, "embedded replay");
