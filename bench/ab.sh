@@ -40,7 +40,7 @@ DEFAULT_STORE="$STORE" DEFAULT_SCENARIO="$SCENARIO"
 # entry SPEC: sets STORE, SCENARIO and bin from an argument, BIN or STORE:SCENARIO:BIN.
 entry() {
   STORE="$DEFAULT_STORE" SCENARIO="$DEFAULT_SCENARIO" bin="$1"
-  if [[ "$1" =~ ^([a-z]+):([a-z]+):(.+)$ ]]; then
+  if [[ "$1" =~ ^(memory|embedded):(passthrough|miss|replay):(.+)$ ]]; then
     STORE="${BASH_REMATCH[1]}" SCENARIO="${BASH_REMATCH[2]}" bin="${BASH_REMATCH[3]}"
   fi
 }

@@ -11,7 +11,8 @@ the same CPU). bench/targets.sh runs the rounds and calls this.
     pairs.py --ratio NAME NUMERATOR DENOMINATOR MIN [--ratio ...] [FILE]
 
 NUMERATOR and DENOMINATOR are the labels bench/ab.sh printed (its arguments, e.g. `nginx` or
-`embedded:replay:/tmp/idemgate`). Lines that are not ab.sh results are ignored.
+`embedded:replay:/tmp/idemgate`; a path with a space in it is not read). Lines that are not
+ab.sh results are ignored; a label twice in one round is an error.
 
 The verdict is settled only when the whole of a distribution-free interval of the median (order
 statistics of the per-round ratios, at least 90% coverage) lies on one side of the target:
@@ -61,7 +62,11 @@ def parse(lines):
         if not m:
             continue
         label, rnd, rps, cpu = m.group(1), int(m.group(2)), float(m.group(3)), float(m.group(4))
-        rounds.setdefault(rnd, {})[label] = (rps, cpu)
+        row = rounds.setdefault(rnd, {})
+        if label in row:
+            # Two outputs pasted together, or one binary given twice: which to pair is unknown.
+            sys.exit(f"pairs: {label} appears twice in round {rnd}")
+        row[label] = (rps, cpu)
     return rounds
 
 
@@ -72,7 +77,7 @@ def judge(rounds, num, den, minimum):
         row = rounds[rnd]
         if num in row and den in row and row[num][0] > 0 and row[den][0] > 0:
             by_rps.append(row[num][0] / row[den][0])
-            if row[num][1] > 0:
+            if row[num][1] > 0 and row[den][1] > 0:
                 by_cpu.append(row[den][1] / row[num][1])
     med_rps, med_cpu = median(by_rps), median(by_cpu)
     span = interval(by_rps)

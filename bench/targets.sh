@@ -6,8 +6,9 @@
 #
 # On a VM whose speed moves by a quarter within minutes, a full run (bench/run.sh) compares rows
 # measured minutes apart and the drift decides the ratio. Here bench/ab.sh runs six rows per round
-# (ROUNDS, default 10; SECONDS each, default 4, after its 2 s warm-up), in an order that puts each
-# row next to the one it is compared with, reversed every other round:
+# (ROUNDS, default 10; SECONDS each, default 4, after its 2 s warm-up; about 40 s a round), in an
+# order that puts each row within one or two rows of the one it is compared with, reversed every
+# other round:
 #
 #   embedded replay, nginx proxy_pass, memory replay, memory passthrough, memory miss, embedded miss
 #
@@ -27,7 +28,8 @@ bench/ab.sh memory passthrough "$ROUNDS" "$SECS" \
   "embedded:replay:$BIN" nginx "memory:replay:$BIN" "memory:passthrough:$BIN" \
   "memory:miss:$BIN" "embedded:miss:$BIN" | tee "$OUT" >&2
 
-echo "machine: $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p' | head -n1); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+# The checkout's commit, which is the binary's only if it was built from this checkout unchanged.
+echo "machine: $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p' | head -n1); checkout $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo "command: bench/targets.sh $BIN $ROUNDS $SECS (raw lines: $OUT)"
 echo
 python3 bench/pairs.py "$OUT" \
