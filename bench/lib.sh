@@ -267,7 +267,20 @@ rig_wrk() {
 # TMPDIR/generated.md and TMPDIR/benchmarks.svg (linked from the doc as img/benchmarks.svg).
 render_report() {
   python3 "$1/bench/report.py" --results "$2" --meta "$3" --out "$4/generated.md" \
-    --svg "$4/benchmarks.svg" --svg-link "img/benchmarks.svg"
+    --svg "$4/benchmarks.svg" --svg-link "img/benchmarks.svg" || return 1
+  # bench/targets.sh's table, when the run made one (BENCH_PAIRS_ROUNDS), after the rest.
+  if [[ -s "$4/pairs.md" ]]; then
+    {
+      echo
+      echo "### Targets from interleaved rounds"
+      echo
+      echo "The closed-loop ratio targets read again by \`bench/targets.sh\` after the rows above: six rows"
+      echo "per round, every ratio taken within its round, judged on the median of the per-round ratios and"
+      echo "settled only when its 90% interval lies on one side of the target (bench/README.md)."
+      echo
+      cat "$4/pairs.md"
+    } >>"$4/generated.md"
+  fi
 }
 
 # write_report REPO RESULTS META TMPDIR: renders the results with bench/report.py into the
@@ -293,4 +306,14 @@ write_report() {
   # Copied unless they are already the kept ones (bench/render.sh).
   [[ "$results" -ef "$kept/results.txt" ]] || cp "$results" "$kept/results.txt"
   [[ "$meta" -ef "$kept/meta.txt" ]] || cp "$meta" "$kept/meta.txt"
+  # The interleaved rounds' table and raw lines go with the run that made them, and a run
+  # without them leaves none of an earlier run's behind.
+  if [[ ! "$results" -ef "$kept/results.txt" ]]; then
+    if [[ -s "$tmp/pairs.md" ]]; then
+      cp "$tmp/pairs.md" "$kept/pairs.md"
+      cp "$tmp/pairs-lines.txt" "$kept/pairs-lines.txt" 2>/dev/null || true
+    else
+      rm -f "$kept/pairs.md" "$kept/pairs-lines.txt"
+    fi
+  fi
 }

@@ -14,5 +14,7 @@ source bench/lib.sh
   { echo "render: no kept results in bench/results/ (a full bench/run.sh writes them)" >&2; exit 66; }
 tmp="$(mktemp -d /tmp/idemgate-render.XXXXXX)"
 trap 'rm -rf "$tmp"' EXIT
+# The interleaved rounds' table, if the kept run made one (BENCH_PAIRS_ROUNDS).
+if [[ -f bench/results/pairs.md ]]; then cp bench/results/pairs.md "$tmp/pairs.md"; fi
 write_report "$PWD" bench/results/results.txt bench/results/meta.txt "$tmp"
 echo "render: wrote docs/benchmarks.md and docs/img/benchmarks.svg from bench/results/"

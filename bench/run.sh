@@ -6,6 +6,7 @@
 #   BENCH_STORES=memory,embedded BENCH_SCENARIOS=miss,replay bench/run.sh
 #   IDEMGATE_BIN=/path/idemgate BENCH_DURATION=5s bench/run.sh
 #   BENCH_PGO=1 bench/run.sh                      # on the profile-guided build of bench/pgo.sh
+#   BENCH_PAIRS_ROUNDS=20 bench/run.sh            # also the ratio targets from interleaved rounds
 #
 # Everything listens on 127.0.0.1 only; every process started here is killed by
 # the EXIT trap; every wait is bounded.
@@ -63,6 +64,10 @@ PIN="${BENCH_PIN:-1}"                               # 0: no taskset at all
 GW_PRELOAD="${BENCH_IDEMGATE_PRELOAD:-}"             # e.g. a jemalloc .so, for allocator experiments
 PROFILE="${BENCH_PROFILE:-auto}"                    # perf profile of idemgate during warm-ups
 GW_LOG="${BENCH_IDEMGATE_LOG:-warn}" # idemgate log filter; warn = no per-request access log (nginx: access_log off)
+# Rounds of bench/targets.sh after the run (0: none): the closed-loop ratio targets read from
+# interleaved rounds, added to the report, for a VM whose drift between rows exceeds the ratios.
+PAIRS_ROUNDS="${BENCH_PAIRS_ROUNDS:-0}"
+PAIRS_SECONDS="${BENCH_PAIRS_SECONDS:-4}"
 PGO_BUILD="${BENCH_PGO:-0}"   # 1: measure the profile-guided build of bench/pgo.sh (unless IDEMGATE_BIN is set)
 export IDEMGATE_LOG="$GW_LOG" RUST_LOG="$GW_LOG"
 
@@ -866,6 +871,14 @@ if [[ -n "$SLOW_PID" ]]; then stop_pid "$SLOW_PID"; fi
 if [[ -n "$PROXY_PID" ]]; then stop_pid "$PROXY_PID"; fi
 stop_pid "$UP_PID"
 ELAPSED=$((SECONDS - START_S))
+
+if [[ "$PAIRS_ROUNDS" -gt 0 && -n "${IDEMGATE:-}" ]]; then
+  log "interleaved rounds: bench/targets.sh, $PAIRS_ROUNDS rounds of ${PAIRS_SECONDS}s rows"
+  # About 40 s a round; bounded like every other wait here.
+  BENCH_TARGETS_OUT="$WORK/pairs-lines.txt" timeout -s KILL $((PAIRS_ROUNDS * (6 * (PAIRS_SECONDS + 20)) + 60)) \
+    "$REPO/bench/targets.sh" "$IDEMGATE" "$PAIRS_ROUNDS" "$PAIRS_SECONDS" >"$WORK/pairs.md" 2>"$WORK/pairs.log" ||
+    die "bench/targets.sh failed (see $WORK/pairs.log)"
+fi
 log "measurements done in ${ELAPSED} s"
 
 # ---------------------------------------------------------------- report
@@ -878,7 +891,7 @@ for v in BENCH_QUICK BENCH_STORES BENCH_SCENARIOS BENCH_PEERS BENCH_PEERS_ONLY B
          BENCH_RATE_FRACTION BENCH_RATE_REPEAT BENCH_CONNECTIONS BENCH_REPEAT BENCH_GROWTH BENCH_GROWTH_STORES BENCH_GROWTH_DURATION \
          BENCH_GROWTH_BUDGET BENCH_STORM_N BENCH_STORM_DELAY_MS BENCH_REDIS_URL BENCH_PG_URL BENCH_PIN BENCH_LOADGEN_CPUS \
          BENCH_UPSTREAM_CPUS BENCH_SUT_CPUS BENCH_NOISE_PCT BENCH_IDEMGATE_LOG BENCH_IDEMGATE_PRELOAD BENCH_PROFILE \
-         BENCH_NODE_DIR BENCH_PGO BENCH_PGO_STORES IDEMGATE_BIN CARGO_TARGET_DIR; do
+         BENCH_NODE_DIR BENCH_PGO BENCH_PGO_STORES BENCH_PAIRS_ROUNDS BENCH_PAIRS_SECONDS IDEMGATE_BIN CARGO_TARGET_DIR; do
   if [[ -n "${!v:-}" ]]; then cmd="$v=${!v} $cmd"; fi
 done
 meta date "$(date -u '+%Y-%m-%d %H:%M UTC')"
