@@ -13,8 +13,10 @@
 //! was cut off by a documented crash point (its gateway killed or paused past the lease while
 //! it ran: with `on_lease_expiry: retry` a retry takes over after the lease, SPEC 4), counted
 //! apart and printed; no client handed another key's body or an execution the upstream never
-//! ran; no patient request past its bound on a live gateway; no unexpected status; and a run
-//! where most requests failed outside the faults, or too few keys were written, fails.
+//! ran; no patient request past its bound on a live gateway; no unexpected status; every key of
+//! the final phase served at its first attempt, unless each failed attempt met a stall of
+//! PostgreSQL itself, which a probe writing to it directly records and the output lists; and a
+//! run where most requests failed outside the faults, or too few keys were written, fails.
 //!
 //! Stores: `embedded` (one gateway), `redis` (two gateways, a redis-server of the checker's own
 //! with `appendfsync always`), `postgres` (two gateways on the shared server, tables in a schema
@@ -83,7 +85,71 @@ struct World {
     proxies: Vec<FaultProxy>,
     redis: Option<RedisServer>,
     pg: Option<(tokio_postgres::Client, Vec<String>)>,
+    /// Writes straight to PostgreSQL during a PostgreSQL run ([`PgProbe`]).
+    probe: Option<PgProbe>,
     events: Vec<Event>,
+}
+
+/// The longest a committed write straight to PostgreSQL may take before it counts as a stall of
+/// the database (or of the machine it runs on). A store call fails at 500 ms.
+const STALL: Duration = Duration::from_millis(300);
+
+/// A committed write straight to PostgreSQL, not through the fault proxies, every 50 ms of a
+/// run. One slower than [`STALL`] becomes an event on every gateway, listed with the nemesis
+/// turns: a request that failed then may have failed for the database's sake, and the verdict
+/// says so instead of failing the run. A gateway that fails while these writes are fast still
+/// fails it (docs/hardening.md, "Seen once").
+struct PgProbe {
+    stalls: Arc<std::sync::Mutex<Vec<(Duration, Duration)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PgProbe {
+    async fn start(url: &str, schema: &str, epoch: Instant) -> Self {
+        let client = pg_session(url).await;
+        client
+            .batch_execute(&format!("CREATE TABLE {schema}.probe (at bigint)"))
+            .await
+            .unwrap();
+        let insert = format!("INSERT INTO {schema}.probe VALUES ($1)");
+        let stalls: Arc<std::sync::Mutex<Vec<(Duration, Duration)>>> = Arc::default();
+        let seen = Arc::clone(&stalls);
+        let task = tokio::spawn(async move {
+            loop {
+                let start = epoch.elapsed();
+                let at = i64::try_from(start.as_millis()).unwrap_or(i64::MAX);
+                // Bounded: a write that never returns is a stall to its bound.
+                let _ = tokio::time::timeout(Duration::from_secs(5), client.execute(&insert, &[&at])).await;
+                let end = epoch.elapsed();
+                if end - start > STALL {
+                    seen.lock().unwrap().push((start, end));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        Self { stalls, task }
+    }
+
+    /// The stalls so far, as events on every one of `gateways`.
+    fn events(&self, gateways: usize) -> Vec<Event> {
+        let stalls = self.stalls.lock().unwrap();
+        stalls
+            .iter()
+            .map(|&(start, end)| Event {
+                what: format!("PostgreSQL write took {:.0?} (probe, direct)", end - start),
+                gateways: (0..gateways).collect(),
+                crash: false,
+                start,
+                end,
+            })
+            .collect()
+    }
+}
+
+impl Drop for PgProbe {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 impl World {
@@ -422,6 +488,9 @@ async fn run_for(
     for t in tasks {
         keys.extend(t.await.unwrap());
     }
+    if let Some(probe) = &world.probe {
+        world.events.extend(probe.events(world.gateways.len()));
+    }
     let mut verdict = Verdict::judge(&keys, &up.execs, &world.events, seconds);
     // Every key once more: a completed key replays what its client accepted, and never runs
     // again (records lost, or overwritten by a fenced owner, would show here).
@@ -443,6 +512,7 @@ async fn exactly_once_on_embedded_under_kill_and_stop() {
         proxies: Vec::new(),
         redis: None,
         pg: None,
+        probe: None,
         events: Vec::new(),
     };
     let menu = [Nemesis::KillGateway, Nemesis::StopGateway];
@@ -475,6 +545,7 @@ async fn exactly_once_on_redis_under_gateway_and_store_faults() {
         proxies,
         redis: Some(redis),
         pg: None,
+        probe: None,
         events: Vec::new(),
     };
     let mut menu = vec![
@@ -512,6 +583,7 @@ async fn exactly_once_on_postgres_under_gateway_and_store_faults() {
         proxies,
         redis: None,
         pg: Some((pg_session(&pg.url).await, names)),
+        probe: Some(PgProbe::start(&pg.url, schema, epoch).await),
         events: Vec::new(),
     };
     let mut menu = vec![Nemesis::KillGateway, Nemesis::TerminatePg, Nemesis::StopGateway];
@@ -539,6 +611,7 @@ async fn checker_flags_duplicates_between_gateways_that_share_no_store() {
         proxies: Vec::new(),
         redis: None,
         pg: None,
+        probe: None,
         events: Vec::new(),
     };
     // Slow executions and impatient clients, so that many give up while an execution runs.
