@@ -35,9 +35,12 @@ source bench/lib.sh
 [[ $# -ge 5 ]] || { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
 STORE="$1" SCENARIO="$2" ROUNDS="$3" SECS="$4"
 shift 4
+case "$STORE" in memory | embedded) ;; *) echo "ab: store must be memory or embedded" >&2; exit 64 ;; esac
+case "$SCENARIO" in passthrough | miss | replay) ;; *) echo "ab: unknown scenario $SCENARIO" >&2; exit 64 ;; esac
 DEFAULT_STORE="$STORE" DEFAULT_SCENARIO="$SCENARIO"
 
-# entry SPEC: sets STORE, SCENARIO and bin from an argument, BIN or STORE:SCENARIO:BIN.
+# entry SPEC: sets STORE, SCENARIO and bin from an argument, BIN or STORE:SCENARIO:BIN (only
+# valid names match, so every entry's store and scenario are valid).
 entry() {
   STORE="$DEFAULT_STORE" SCENARIO="$DEFAULT_SCENARIO" bin="$1"
   if [[ "$1" =~ ^(memory|embedded):(passthrough|miss|replay):(.+)$ ]]; then
@@ -48,8 +51,6 @@ entry() {
 FLOOR=""
 for spec in "$@"; do
   entry "$spec"
-  case "$STORE" in memory | embedded) ;; *) echo "ab: store must be memory or embedded" >&2; exit 64 ;; esac
-  case "$SCENARIO" in passthrough | miss | replay) ;; *) echo "ab: unknown scenario $SCENARIO" >&2; exit 64 ;; esac
   if [[ "$bin" == nginx || "$bin" == floor || "$bin" == hyper-floor ]]; then
     [[ "$SCENARIO" == passthrough ]] || { echo "ab: $bin has no $SCENARIO" >&2; exit 64; }
     if [[ "$bin" != nginx && -z "$FLOOR" ]]; then

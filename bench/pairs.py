@@ -23,19 +23,16 @@ two adjacent rows differ by a fifth, ten pairs can leave a ratio of 1.04 undecid
 import argparse
 import math
 import re
+import statistics
 import sys
 
 LINE = re.compile(r"^(\S+) round=(\d+) rps=([\d.]+) .*?\bcpu_us=([\d.]+)")
 
 
 def median(xs):
-    """The middle value; with an even count the mean of the middle two, as bench/report.py."""
-    xs = sorted(xs)
-    n = len(xs)
-    if n == 0:
-        return None
-    mid = n // 2
-    return xs[mid] if n % 2 else (xs[mid - 1] + xs[mid]) / 2
+    """The middle value; with an even count the mean of the middle two, as bench/report.py. None
+    without values."""
+    return statistics.median(xs) if xs else None
 
 
 def interval(xs, coverage=0.90):

@@ -100,9 +100,12 @@ const STALL: Duration = Duration::from_millis(300);
 /// says so instead of failing the run. A gateway that fails while these writes are fast still
 /// fails it (docs/hardening.md, "Seen once").
 struct PgProbe {
-    stalls: Arc<std::sync::Mutex<Vec<(Duration, Duration)>>>,
+    stalls: Stalls,
     task: tokio::task::JoinHandle<()>,
 }
+
+/// (start, end) of each probe write slower than [`STALL`].
+type Stalls = Arc<std::sync::Mutex<Vec<(Duration, Duration)>>>;
 
 impl PgProbe {
     async fn start(url: &str, schema: &str, epoch: Instant) -> Self {
@@ -112,7 +115,7 @@ impl PgProbe {
             .await
             .unwrap();
         let insert = format!("INSERT INTO {schema}.probe VALUES ($1)");
-        let stalls: Arc<std::sync::Mutex<Vec<(Duration, Duration)>>> = Arc::default();
+        let stalls = Stalls::default();
         let seen = Arc::clone(&stalls);
         let task = tokio::spawn(async move {
             loop {

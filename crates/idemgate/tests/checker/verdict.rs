@@ -197,18 +197,22 @@ impl Verdict {
         }
         // Once healed, every key must succeed at once, unless each failed attempt met an event
         // on its gateway; after the nemesis only the store probe's stalls record such events.
-        let failed = &key.attempts[..key.attempts.len().saturating_sub(1)];
-        let in_stalls = failed
-            .iter()
-            .all(|a| fault(events, a.gateway, (a.start, a.end)).is_some());
-        if key.final_phase && !failed.is_empty() && in_stalls {
-            self.final_retries_in_stalls += 1;
-        } else if key.final_phase && !failed.is_empty() {
-            self.violations.push(format!(
-                "{ns}: final phase needed {} attempts: {:?}",
-                key.attempts.len(),
-                key.attempts.iter().map(|a| &a.outcome).collect::<Vec<_>>()
-            ));
+        if let [failed @ .., _] = key.attempts.as_slice()
+            && key.final_phase
+            && !failed.is_empty()
+        {
+            if failed
+                .iter()
+                .all(|a| fault(events, a.gateway, (a.start, a.end)).is_some())
+            {
+                self.final_retries_in_stalls += 1;
+            } else {
+                self.violations.push(format!(
+                    "{ns}: final phase needed {} attempts: {:?}",
+                    key.attempts.len(),
+                    key.attempts.iter().map(|a| &a.outcome).collect::<Vec<_>>()
+                ));
+            }
         }
         match runs.len() {
             0 => self.violations.push(format!("{ns}: written but never executed")),
