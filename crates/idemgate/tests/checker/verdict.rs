@@ -380,6 +380,11 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    /// Whether one of the verdict's violations mentions `text`.
+    fn violated(v: &Verdict, text: &str) -> bool {
+        v.violations.iter().any(|m| m.contains(text))
+    }
+
     /// The event of `window` (milliseconds), if there is one.
     fn event(window: Option<(u64, u64)>, what: &str, gateways: Vec<usize>, crash: bool) -> Vec<Event> {
         window
@@ -453,22 +458,14 @@ mod tests {
     fn a_pause_while_the_gateway_holds_the_request_excuses_the_execution_it_forwards_on_resuming() {
         let v = paused_before_forwarding(Some((2_440, 5_487)));
         // A one-key run also gets the run-wide complaints (too few keys, no final phase).
-        assert!(
-            !v.violations.iter().any(|m| m.contains("k:")),
-            "{:?}",
-            v.violations
-        );
+        assert!(!violated(&v, "k:"), "{:?}", v.violations);
         assert_eq!(v.excused.values().sum::<usize>(), 1, "{:?}", v.excused);
     }
 
     #[test]
     fn without_a_crash_the_same_history_is_a_violation() {
         let v = paused_before_forwarding(None);
-        assert!(
-            v.violations.iter().any(|m| m.contains("executed 2 times")),
-            "{:?}",
-            v.violations
-        );
+        assert!(violated(&v, "executed 2 times"), "{:?}", v.violations);
     }
 
     /// CI's history on 150e277: a final-phase key whose first attempt got 503 while nothing
@@ -524,18 +521,14 @@ mod tests {
     fn a_final_phase_retry_is_a_violation_on_a_healthy_store() {
         let v = final_phase_retry(None);
         assert!(
-            v.violations
-                .iter()
-                .any(|m| m.contains("final phase needed 2 attempts")),
+            violated(&v, "final phase needed 2 attempts"),
             "{:?}",
             v.violations
         );
         // A stall that ended before the attempt began excuses nothing either.
         let v = final_phase_retry(Some((13_000, 13_600)));
         assert!(
-            v.violations
-                .iter()
-                .any(|m| m.contains("final phase needed 2 attempts")),
+            violated(&v, "final phase needed 2 attempts"),
             "{:?}",
             v.violations
         );
@@ -544,21 +537,13 @@ mod tests {
     #[test]
     fn a_final_phase_retry_during_a_stall_of_the_store_is_named_not_failed() {
         let v = final_phase_retry(Some((14_750, 15_350)));
-        assert!(
-            !v.violations.iter().any(|m| m.contains("final phase")),
-            "{:?}",
-            v.violations
-        );
+        assert!(!violated(&v, "final phase"), "{:?}", v.violations);
         assert_eq!(v.final_retries_in_stalls, 1);
     }
 
     #[test]
     fn a_pause_that_ended_before_the_attempt_began_excuses_nothing() {
         let v = paused_before_forwarding(Some((1_000, 2_000)));
-        assert!(
-            v.violations.iter().any(|m| m.contains("executed 2 times")),
-            "{:?}",
-            v.violations
-        );
+        assert!(violated(&v, "executed 2 times"), "{:?}", v.violations);
     }
 }
