@@ -875,12 +875,14 @@ ELAPSED=$((SECONDS - START_S))
 if [[ "$PAIRS_ROUNDS" -gt 0 && -n "${IDEMGATE:-}" ]]; then
   log "interleaved rounds: bench/targets.sh, $PAIRS_ROUNDS rounds of ${PAIRS_SECONDS}s rows"
   # About 40 s a round; bounded like every other wait here.
-  BENCH_TARGETS_OUT="$WORK/pairs-lines.txt" timeout -s KILL $((PAIRS_ROUNDS * (6 * (PAIRS_SECONDS + 20)) + 60)) \
-    "$REPO/bench/targets.sh" "$IDEMGATE" "$PAIRS_ROUNDS" "$PAIRS_SECONDS" >"$WORK/pairs.md" 2>"$WORK/pairs.log" ||
-    die "bench/targets.sh failed (see $WORK/pairs.log)"
   # A run that writes the report keeps the raw lines as bench/results/pairs-lines.txt
   # (write_report); its table names them so.
-  [[ "$WRITE_DOC" != 1 ]] || sed -i "s|(raw lines: $WORK/pairs-lines.txt)|(raw lines: bench/results/pairs-lines.txt)|" "$WORK/pairs.md"
+  pairs_name="$WORK/pairs-lines.txt"
+  [[ "$WRITE_DOC" != 1 ]] || pairs_name=bench/results/pairs-lines.txt
+  BENCH_TARGETS_OUT="$WORK/pairs-lines.txt" BENCH_TARGETS_NAME="$pairs_name" \
+    timeout -s KILL $((PAIRS_ROUNDS * (6 * (PAIRS_SECONDS + 20)) + 60)) \
+    "$REPO/bench/targets.sh" "$IDEMGATE" "$PAIRS_ROUNDS" "$PAIRS_SECONDS" >"$WORK/pairs.md" 2>"$WORK/pairs.log" ||
+    die "bench/targets.sh failed (see $WORK/pairs.log)"
 fi
 log "measurements done in ${ELAPSED} s"
 

@@ -16,13 +16,15 @@
 # CPU per request. The embedded miss is compared with the memory passthrough (a passthrough does
 # not touch the store). The other targets (open-loop p99, storms, Redis, growth) need the full run.
 # Prints the markdown table; the raw lines are kept in $BENCH_TARGETS_OUT (default: a file in /tmp
-# named in the output). Ports 18100-18102, as bench/ab.sh.
+# named in the output; $BENCH_TARGETS_NAME names them instead, for a caller that moves them).
+# Ports 18100-18102, as bench/ab.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[[ $# -ge 1 ]] || { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
+[[ $# -ge 1 ]] || { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
 BIN="$1" ROUNDS="${2:-10}" SECS="${3:-4}"
 [[ -x "$BIN" ]] || { echo "targets: $BIN is not an executable" >&2; exit 64; }
 OUT="${BENCH_TARGETS_OUT:-$(mktemp /tmp/idemgate-targets.XXXXXX)}"
+NAME="${BENCH_TARGETS_NAME:-$OUT}"
 
 bench/ab.sh memory passthrough "$ROUNDS" "$SECS" \
   "embedded:replay:$BIN" nginx "memory:replay:$BIN" "memory:passthrough:$BIN" \
@@ -30,7 +32,7 @@ bench/ab.sh memory passthrough "$ROUNDS" "$SECS" \
 
 # The checkout's commit, which is the binary's only if it was built from this checkout unchanged.
 echo "machine: $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p' | head -n1); checkout $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-echo "command: bench/targets.sh $BIN $ROUNDS $SECS (raw lines: $OUT)"
+echo "command: bench/targets.sh $BIN $ROUNDS $SECS (raw lines: $NAME)"
 echo
 python3 bench/pairs.py "$OUT" \
   --ratio "passthrough ≥ 1.0× nginx" "memory:passthrough:$BIN" nginx 1.0 \
