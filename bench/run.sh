@@ -277,12 +277,14 @@ done
 if ((NEED_REDIS)); then
   [[ "$(redis_cli ping 2>/dev/null)" == PONG ]] || die "Redis at $REDIS_URL does not answer PING"
   REDIS_PID="$(redis_cli info server | tr -d '\r' | awk -F: '/^process_id:/ {print $2}')"
-  REDIS_CONF="$(redis_cli info server | tr -d '\r' | awk -F: '/^redis_version:/ {print "Redis " $2}'), appendonly $(redis_cli config get appendonly | tail -n1), appendfsync $(redis_cli config get appendfsync | tail -n1)"
+  # Valkey reports the Redis version it is compatible with too: its own name and version win.
+  REDIS_CONF="$(redis_cli info server | tr -d '\r' | awk -F: '/^redis_version:/ {v = "Redis " $2} /^valkey_version:/ {k = "Valkey " $2} END {print (k != "" ? k : v)}'), appendonly $(redis_cli config get appendonly | tail -n1), appendfsync $(redis_cli config get appendfsync | tail -n1)"
   # Redis is single-threaded and, left to the scheduler, often lands on the system under test's
   # core (bench/README.md, "Fairness choices"): pinned to the load side for the run, as a
   # dependency on a host of its own would be, and given its affinity back at the end.
-  # Only a server on this machine: the pid Redis reports must be a local redis-server.
-  if [[ "$(cat "/proc/$REDIS_PID/comm" 2>/dev/null)" != redis-server* ]]; then REDIS_CPUS=""; fi
+  # Only a server on this machine: the pid Redis reports must be a local redis-server (or
+  # valkey-server).
+  case "$(cat "/proc/$REDIS_PID/comm" 2>/dev/null)" in redis-server* | valkey-server*) ;; *) REDIS_CPUS="" ;; esac
   if [[ -n "$REDIS_CPUS" ]]; then
     REDIS_AFFINITY="$(taskset -pc "$REDIS_PID" 2>/dev/null | awk -F': ' '{print $2}')"
     taskset -apc "$REDIS_CPUS" "$REDIS_PID" >/dev/null 2>&1 || { log "could not pin Redis (pid $REDIS_PID)"; REDIS_CPUS=""; REDIS_AFFINITY=""; }

@@ -62,13 +62,7 @@ mod redis {
     use idemgate_stores::{RedisConfig, RedisStore};
 
     async fn open() -> Option<Arc<RedisStore>> {
-        let Ok(url) = std::env::var("IDEMGATE_TEST_REDIS_URL") else {
-            println!("skipped: IDEMGATE_TEST_REDIS_URL not set");
-            return None;
-        };
-        Some(Arc::new(
-            RedisStore::new(&RedisConfig::new(url)).expect("redis store"),
-        ))
+        support::redis_store("IDEMGATE_TEST_REDIS_URL")
     }
 
     idemgate_stores::store_conformance!(open());

@@ -1,7 +1,8 @@
 //! Model-based test of the record stores: random sequences of store operations run against
-//! [`MemoryStore`], [`idemgate_stores::EmbeddedStore`], and (when `IDEMGATE_TEST_REDIS_URL` /
-//! `IDEMGATE_TEST_PG_URL` are set, with fewer cases) the Redis and PostgreSQL stores, every
-//! answer compared with a reference model.
+//! [`MemoryStore`], [`idemgate_stores::EmbeddedStore`], and (when `IDEMGATE_TEST_REDIS_URL`,
+//! `IDEMGATE_TEST_VALKEY_URL` or `IDEMGATE_TEST_PG_URL` are set, with fewer cases) the Redis
+//! store on Redis and on Valkey and the PostgreSQL store, every answer compared with a
+//! reference model.
 //!
 //! The model is a `BTreeMap` from key to a small record, and its transitions are written from
 //! the documented contract (SPEC sections 4 and 10, the doc comments on `Record`, `Begin`,
@@ -575,6 +576,26 @@ impl Swept for idemgate_stores::RedisStore {
     }
 }
 
+/// One case on the Redis-protocol server at the URL in `var`, under a prefix of its own (a fresh
+/// key space, and a sweep that sees only it).
+#[cfg(feature = "redis")]
+fn redis_case(var: &str, ops: &[Op]) -> Result<(), TestCaseError> {
+    let Ok(url) = std::env::var(var) else {
+        println!("skipped: {var} not set");
+        return Ok(());
+    };
+    block_on(async {
+        let mut config = idemgate_stores::RedisConfig::new(url);
+        config.prefix = format!("idemgate-model-{:x}", LeaseToken::random().0);
+        let store = idemgate_stores::RedisStore::new(&config).expect("redis store");
+        let result = check(&store, ops, idemgate_core::record::now_millis()).await;
+        for key in KEYS {
+            let _ = store.purge(key).await;
+        }
+        result
+    })
+}
+
 #[cfg(feature = "redis")]
 proptest! {
     // A round trip per operation and per read-back to a real server: few cases.
@@ -582,21 +603,13 @@ proptest! {
 
     #[test]
     fn redis_store_matches_model(ops in ops()) {
-        let Ok(url) = std::env::var("IDEMGATE_TEST_REDIS_URL") else {
-            println!("skipped: IDEMGATE_TEST_REDIS_URL not set");
-            return Ok(());
-        };
-        block_on(async {
-            // A prefix of its own per case: a fresh key space, and a sweep that sees only it.
-            let mut config = idemgate_stores::RedisConfig::new(url);
-            config.prefix = format!("idemgate-model-{:x}", LeaseToken::random().0);
-            let store = idemgate_stores::RedisStore::new(&config).expect("redis store");
-            let result = check(&store, &ops, idemgate_core::record::now_millis()).await;
-            for key in KEYS {
-                let _ = store.purge(key).await;
-            }
-            result
-        })?;
+        redis_case("IDEMGATE_TEST_REDIS_URL", &ops)?;
+    }
+
+    /// On Valkey 8.1+, where `complete` replaces the value its `begin` wrote with `SET … IFEQ`.
+    #[test]
+    fn valkey_store_matches_model(ops in ops()) {
+        redis_case("IDEMGATE_TEST_VALKEY_URL", &ops)?;
     }
 }
 

@@ -338,18 +338,56 @@ async fn redis_counts_two_calls_per_miss_and_one_per_replay() {
     let Some(server) = RedisServer::start().await else {
         return;
     };
+    let (warm, miss, replay) = count_store_calls(&server).await;
+    assert_eq!(miss.evalsha - warm.evalsha, 20, "one script call per miss");
+    assert_eq!(
+        miss.set - warm.set,
+        40,
+        "and one SET NX GET (plus the script's own SET)"
+    );
+    assert_eq!(miss.get - warm.get, 20, "no GET but the script's own");
+    assert_eq!(miss.other, warm.other, "and no other command");
+    assert_eq!(replay.set - miss.set, 20, "one SET NX GET per replay");
+    assert_eq!(replay.evalsha, miss.evalsha, "and no script");
+    assert_eq!(replay.get, miss.get, "and no GET");
+}
+
+/// The same on Valkey, which takes `SET … IFEQ`: a miss is `SET NX GET` and `SET IFEQ`, no
+/// script and no `GET`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valkey_counts_two_sets_per_miss_and_no_script() {
+    let Some(server) = RedisServer::start_valkey().await else {
+        return;
+    };
+    let (warm, miss, replay) = count_store_calls(&server).await;
+    assert_eq!(miss.set - warm.set, 40, "SET NX GET and SET IFEQ per miss");
+    assert_eq!(miss.evalsha, warm.evalsha, "no script");
+    assert_eq!(miss.get, warm.get, "no GET");
+    assert_eq!(miss.other, warm.other, "and no other command");
+    assert_eq!(replay.set - miss.set, 20, "one SET NX GET per replay");
+    assert_eq!(replay.evalsha, miss.evalsha, "and no script");
+}
+
+/// Calls a server counted (`INFO commandstats`), as a store client could send them itself
+/// (commands run inside a script count there too).
+#[derive(Clone, Copy, Debug)]
+struct Calls {
+    evalsha: u64,
+    set: u64,
+    get: u64,
+    other: u64,
+}
+
+/// A gateway on `server`: the counts after a warm-up (connections made, scripts loaded), after
+/// 20 misses, and after 20 replays of them.
+async fn count_store_calls(server: &RedisServer) -> (Calls, Calls, Calls) {
     let up = Upstream::start().await;
     let gw = Gateway::start(&up, &store_block("redis", &server.url(), ""), "").await;
     let url = gw.url("/api/v1/orders");
-    // Warm up: connections made, scripts loaded.
     let warm = key("warm");
     for _ in 0..2 {
         post(&url, Some(&warm), "{}").send().await.unwrap();
     }
-    // Commands a store client could send itself (commands run inside a script count in
-    // `commandstats` too, so the scripts' own calls are not "round trips"; on a miss the
-    // complete script reads its record with one `GET` and writes it with one `SET`, on a replay
-    // no script runs).
     let calls = async || {
         let info = server.command(&["INFO", "commandstats"]).await;
         let count = |cmd: &str| -> u64 {
@@ -359,30 +397,23 @@ async fn redis_counts_two_calls_per_miss_and_one_per_replay() {
                 .map_or(0, |n| n.parse().unwrap())
         };
         let others = ["eval", "script|load", "hgetall", "ping", "multi", "exec"];
-        [
-            count("evalsha"),
-            count("set"),
-            count("get"),
-            others.iter().map(|c| count(c)).sum::<u64>(),
-        ]
+        Calls {
+            evalsha: count("evalsha"),
+            set: count("set"),
+            get: count("get"),
+            other: others.iter().map(|c| count(c)).sum(),
+        }
     };
-    let [eval0, set0, get0, other0] = calls().await;
+    let before = calls().await;
     let keys: Vec<String> = (0..20).map(|i| key(&format!("rt{i}"))).collect();
     for k in &keys {
         let r = post(&url, Some(k), "{}").send().await.unwrap();
         assert_eq!(r.status(), 201);
     }
-    let [eval1, set1, get1, other1] = calls().await;
-    assert_eq!(eval1 - eval0, 20, "one script call per miss");
-    assert_eq!(set1 - set0, 40, "and one SET NX GET (plus the script's own SET)");
-    assert_eq!(get1 - get0, 20, "no GET but the script's own");
-    assert_eq!(other1, other0, "and no other command");
+    let missed = calls().await;
     for k in &keys {
         let r = post(&url, Some(k), "{}").send().await.unwrap();
         assert_eq!(header(&r, "idempotent-replayed"), Some("true"));
     }
-    let [eval2, set2, get2, _] = calls().await;
-    assert_eq!(set2 - set1, 20, "one SET NX GET per replay");
-    assert_eq!(eval2, eval1, "and no script");
-    assert_eq!(get2, get1, "and no GET");
+    (before, missed, calls().await)
 }

@@ -114,6 +114,19 @@ pub fn encode(record: &Record) -> Result<Vec<u8>, StoreError> {
     Ok(out)
 }
 
+/// What `complete.lua` writes over the in-flight value `flight` of its own attempt: completed,
+/// nobody marked as waiting, the new expiry (20 padded digits), the rest as it was, then the
+/// encoded response. Written here for `SET … IFEQ`, which must produce the script's bytes.
+#[must_use]
+pub fn completed(flight: &[u8], expires_at: &[u8], response: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(flight.len() + response.len());
+    out.extend_from_slice(&[flight[0], b'c', b'0']);
+    out.extend_from_slice(expires_at);
+    out.extend_from_slice(&flight[23..]);
+    out.extend_from_slice(response);
+    out
+}
+
 /// Decodes a value written by [`encode`] and the scripts.
 ///
 /// # Errors
@@ -221,6 +234,33 @@ mod tests {
         assert_eq!(&raw[43..59], &1u128.to_be_bytes());
         assert_eq!(&raw[111..131], b"00000000000000000003");
         assert_eq!(&raw[131..141], b"0000600004");
+    }
+
+    #[test]
+    fn completed_is_the_completed_record() {
+        let token = LeaseToken(9);
+        let flight = encode(&record(RecordState::InFlight {
+            token,
+            lease_until: 1_700_000_030_000,
+        }))
+        .unwrap();
+        let response = StoredResponse {
+            status: 200,
+            headers: vec![],
+            body: Some(b"{}".to_vec().into()),
+        };
+        let exp = Decimal::new(1_700_086_400_000);
+        let raw = completed(&flight, exp.padded(), &encode_response(&response));
+        let mut done = record(RecordState::Completed { token, response });
+        done.expires_at = 1_700_086_400_000;
+        // Byte for byte what `encode` gives the completed record (its lease field aside, which
+        // the script leaves as it was and `decode` does not read for a completed record).
+        let back = decode(&raw).unwrap();
+        assert_eq!(back.record, done);
+        assert!(!back.waiters);
+        let mut encoded = encode(&done).unwrap();
+        encoded[23..43].copy_from_slice(&flight[23..43]);
+        assert_eq!(raw, encoded);
     }
 
     #[test]

@@ -14,7 +14,10 @@
 //! record's header is unchanged, else `begin` asks again. `complete`, `release`, `renew` and
 //! `purge` are Lua scripts (the `.lua` files beside this one) that mirror the rules line by line,
 //! fencing token included; the conformance suite and the model test hold the store to the same
-//! answers as the Rust rules. A miss costs two round trips (`SET`, `complete`), a replay one.
+//! answers as the Rust rules. On a server that takes `SET … IFEQ` (Valkey 8.1+, Redis 8.4+),
+//! `complete` first tries to replace the exact value this replica's `begin` wrote, with no script
+//! (`written.rs`); any other value leaves that `SET` without effect and the script decides. A miss
+//! costs two round trips (`SET`, `complete`), a replay one.
 //!
 //! Time. The rules compare against the caller's clock (`now`), never Redis's. The physical key
 //! expiry (`PEXPIREAT`) is set [`EXPIRY_GRACE`] after the logical one, so a Redis clock that is
@@ -33,6 +36,7 @@
 
 mod layout;
 mod subscriber;
+mod written;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,6 +53,7 @@ use tokio::time::Instant;
 
 use crate::codec::{corrupt, encode_response, token_bytes};
 use layout::Decimal;
+use written::{Kept, Written};
 
 /// How long after its logical expiry Redis drops a record's key: a bound on the clock skew
 /// between the gateways and Redis that cannot cost a record.
@@ -111,7 +116,9 @@ pub struct RedisStore {
     timeout: Duration,
     scripts: Scripts,
     notifier: Arc<Notifier>,
+    written: Written,
     round_trips: AtomicU64,
+    swapped: AtomicU64,
     subscriber: tokio::task::JoinHandle<()>,
 }
 
@@ -161,7 +168,9 @@ impl RedisStore {
                 sweep: Script::new(include_str!("sweep.lua")),
             },
             notifier,
+            written: Written::default(),
             round_trips: AtomicU64::new(0),
+            swapped: AtomicU64::new(0),
             subscriber,
         })
     }
@@ -170,6 +179,12 @@ impl RedisStore {
     #[must_use]
     pub fn round_trips(&self) -> u64 {
         self.round_trips.load(Ordering::Relaxed)
+    }
+
+    /// `complete`s done by `SET … IFEQ` rather than the script, for measuring.
+    #[must_use]
+    pub fn completes_without_script(&self) -> u64 {
+        self.swapped.load(Ordering::Relaxed)
     }
 
     /// The Redis key of a record.
@@ -287,6 +302,29 @@ impl RedisStore {
             }
             e => e,
         })
+    }
+
+    /// `complete`'s command when the record is still what this replica's `begin` wrote:
+    /// `SET key done IFEQ flight`; whether it was set.
+    async fn set_ifeq(
+        &self,
+        deadline: Instant,
+        key: &str,
+        done: &[u8],
+        flight: &[u8],
+        pexpireat: u64,
+    ) -> Result<bool, StoreError> {
+        let key = &self.record_key(key);
+        self.retrying(deadline, move |mut conn| async move {
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(key).arg(done).arg("IFEQ").arg(flight);
+            if pexpireat != 0 {
+                cmd.arg("PXAT").arg(pexpireat);
+            }
+            cmd.query_async::<Option<String>>(&mut conn).await
+        })
+        .await
+        .map(|reply| reply.is_some())
     }
 
     /// A record's raw value.
@@ -415,7 +453,14 @@ impl Store for RedisStore {
             }
             let raw = match self.set_nx_get(deadline, key, &value, px).await {
                 Ok(Some(raw)) => raw,
-                Ok(None) => return Ok(first),
+                Ok(None) => {
+                    let kept = Kept {
+                        value,
+                        expires_at: fresh.expires_at,
+                    };
+                    self.written.keep(req.token, kept);
+                    return Ok(first);
+                }
                 Err(refused) if refuses_writes(&refused) => {
                     return self.begin_read_only(deadline, key, req, refused).await;
                 }
@@ -451,13 +496,33 @@ impl Store for RedisStore {
         now: Millis,
     ) -> Result<(), StoreError> {
         let expires_at = now + retention_ms;
-        let (now, exp, px) = (
-            Decimal::new(now),
-            Decimal::new(expires_at),
-            Decimal::new(pexpireat(expires_at)),
-        );
-        let token = token_bytes(token);
+        let (exp, px) = (Decimal::new(expires_at), pexpireat(expires_at));
         let body = encode_response(&response);
+        let deadline = self.deadline();
+        // The record as this replica's `begin` wrote it, unless that has expired (the script
+        // fences that) or the server refuses `IFEQ`.
+        if let Some(flight) = self.written.take(token)
+            && now < flight.expires_at
+            && !self.written.refused()
+        {
+            let done = layout::completed(&flight.value, exp.padded(), &body);
+            match self.set_ifeq(deadline, key, &done, &flight.value, px).await {
+                Ok(true) => {
+                    self.swapped.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                // Changed since (a waiter, a renewal, a new owner), gone, or already completed by
+                // an earlier try of this call: the script decides.
+                Ok(false) => {}
+                Err(StoreError::Backend(e)) if e.to_string().contains("syntax error") => {
+                    tracing::info!("redis refused SET IFEQ; complete uses its script");
+                    self.written.refuse();
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let (now, px) = (Decimal::new(now), Decimal::new(px));
+        let token = token_bytes(token);
         let args: [&[u8]; 7] = [
             &token,
             now.plain(),
@@ -467,13 +532,12 @@ impl Store for RedisStore {
             self.channel.as_bytes(),
             key.as_bytes(),
         ];
-        let reply: String = self
-            .call(self.deadline(), &self.scripts.complete, key, &args)
-            .await?;
+        let reply: String = self.call(deadline, &self.scripts.complete, key, &args).await?;
         ack(&reply)
     }
 
     async fn release(&self, key: &str, token: LeaseToken) -> Result<(), StoreError> {
+        self.written.take(token);
         let token = token_bytes(token);
         let args: [&[u8]; 3] = [&token, self.channel.as_bytes(), key.as_bytes()];
         let reply: String = self
@@ -483,6 +547,8 @@ impl Store for RedisStore {
     }
 
     async fn renew(&self, key: &str, token: LeaseToken, lease_until: Millis) -> Result<(), StoreError> {
+        // The renewal changes the record: its `complete` takes the script.
+        self.written.take(token);
         let token = token_bytes(token);
         let (until, px) = (Decimal::new(lease_until), Decimal::new(pexpireat(lease_until)));
         let args: [&[u8]; 3] = [&token, until.padded(), px.plain()];

@@ -13,6 +13,19 @@ use idemgate_core::rules::{Begin, BeginRequest};
 use idemgate_core::{Fingerprint, Store};
 use tokio::time::Instant;
 
+/// The Redis store on the shared server whose URL is in `var`, or `None` (and a message) when
+/// it is not set.
+pub fn redis_store(var: &str) -> Option<Arc<idemgate_stores::RedisStore>> {
+    let Ok(url) = std::env::var(var) else {
+        println!("skipped: {var} not set");
+        return None;
+    };
+    let config = idemgate_stores::RedisConfig::new(url);
+    Some(Arc::new(
+        idemgate_stores::RedisStore::new(&config).expect("redis store"),
+    ))
+}
+
 /// A redis-server child on a free loopback port, with an fsync-always append-only file so a
 /// `kill -9` loses nothing acknowledged.
 pub struct RedisServer {

@@ -366,6 +366,7 @@ pub fn with_application_name(url: &str, name: &str) -> String {
 /// append-only file fsynced on every write so that `kill -9` loses nothing acknowledged.
 pub struct RedisServer {
     pub port: u16,
+    program: String,
     dir: tempfile::TempDir,
     child: Option<Child>,
 }
@@ -373,17 +374,35 @@ pub struct RedisServer {
 impl RedisServer {
     /// Starts one on a free port, or `None` (test skipped) when `redis-server` is missing.
     pub async fn start() -> Option<Self> {
-        if Command::new("redis-server").arg("--version").output().is_err() {
-            println!("skipped: redis-server not installed");
-            return None;
-        }
-        let mut server = Self {
-            port: free_addr().port(),
-            dir: tempfile::tempdir().unwrap(),
-            child: None,
-        };
+        let mut server = Self::unstarted()?;
         server.spawn().await;
         Some(server)
+    }
+
+    /// A Valkey server of the test's own, from `IDEMGATE_TEST_VALKEY_BIN` (`.ci/run` builds one),
+    /// or `None` (test skipped).
+    pub async fn start_valkey() -> Option<Self> {
+        let Ok(program) = std::env::var("IDEMGATE_TEST_VALKEY_BIN") else {
+            println!("skipped: IDEMGATE_TEST_VALKEY_BIN not set");
+            return None;
+        };
+        let mut server = Self::unstarted_program(&program)?;
+        server.spawn().await;
+        Some(server)
+    }
+
+    /// A server of `program` on a reserved port, not started yet.
+    fn unstarted_program(program: &str) -> Option<Self> {
+        if Command::new(program).arg("--version").output().is_err() {
+            println!("skipped: {program} not installed");
+            return None;
+        }
+        Some(Self {
+            port: free_addr().port(),
+            program: program.to_owned(),
+            dir: tempfile::tempdir().unwrap(),
+            child: None,
+        })
     }
 
     pub fn url(&self) -> String {
@@ -391,7 +410,7 @@ impl RedisServer {
     }
 
     async fn spawn(&mut self) {
-        let child = Command::new("redis-server")
+        let child = Command::new(&self.program)
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
             .args(["--save", "", "--appendonly", "yes", "--appendfsync", "always"])
             .arg("--dir")
@@ -479,15 +498,7 @@ impl Gateway {
 impl RedisServer {
     /// A server on a reserved port, not started yet (for "the store is down at start").
     pub fn unstarted() -> Option<Self> {
-        if Command::new("redis-server").arg("--version").output().is_err() {
-            println!("skipped: redis-server not installed");
-            return None;
-        }
-        Some(Self {
-            port: free_addr().port(),
-            dir: tempfile::tempdir().unwrap(),
-            child: None,
-        })
+        Self::unstarted_program("redis-server")
     }
 
     /// Starts an [`RedisServer::unstarted`] server.
