@@ -98,7 +98,13 @@ async fn a_changed_record_is_left_to_the_script() {
         .await
         .unwrap();
     assert!(matches!(waiting, Begin::InFlight { .. }), "{waiting:?}");
+    let trips = a.round_trips();
     a.complete(&k, t, response(), 60_000, now_millis()).await.unwrap();
+    assert_eq!(
+        a.round_trips() - trips,
+        2,
+        "the SET found it changed, then the script"
+    );
     let replay = b
         .begin(&k, &req(LeaseToken::random(), now_millis()))
         .await
@@ -110,7 +116,13 @@ async fn a_changed_record_is_left_to_the_script() {
     let t = LeaseToken::random();
     a.begin(&k, &req(t, now_millis())).await.unwrap();
     a.renew(&k, t, now_millis() + 45_000).await.unwrap();
+    let trips = a.round_trips();
     a.complete(&k, t, response(), 60_000, now_millis()).await.unwrap();
+    assert_eq!(
+        a.round_trips() - trips,
+        1,
+        "a renewed record goes to the script alone"
+    );
     assert!(
         matches!(a.get(&k, now_millis()).await.unwrap(), Some(r) if matches!(r.state, RecordState::Completed { .. }))
     );
@@ -126,9 +138,17 @@ async fn a_changed_record_is_left_to_the_script() {
         matches!(taken, Begin::Acquired { took_over: true, .. }),
         "{taken:?}"
     );
+    let trips = a.round_trips();
     let fenced = a.complete(&k, first, response(), 60_000, later).await;
     assert!(matches!(fenced, Err(StoreError::Fenced(_))), "{fenced:?}");
+    assert_eq!(
+        a.round_trips() - trips,
+        2,
+        "the SET found another owner, then the script"
+    );
+    let trips = b.round_trips();
     b.complete(&k, second, response(), 60_000, later).await.unwrap();
+    assert_eq!(b.round_trips() - trips, 1, "a takeover's own value is not kept");
 
     assert_eq!(
         a.completes_without_script(),
@@ -146,9 +166,15 @@ async fn an_expired_record_is_fenced_without_a_write() {
     let t = LeaseToken::random();
     let start = now_millis();
     store.begin(&k, &req(t, start)).await.unwrap();
+    let trips = store.round_trips();
     // The record lives max(lease, retention) = 60 s; past that, the owner is fenced.
     let late = store.complete(&k, t, response(), 60_000, start + 61_000).await;
     assert!(matches!(late, Err(StoreError::Fenced(_))), "{late:?}");
+    assert_eq!(
+        store.round_trips() - trips,
+        1,
+        "no SET is sent for an expired record"
+    );
     // Nothing was written: at the owner's clock the record is still in flight.
     let rec = store.get(&k, now_millis()).await.unwrap().expect("still there");
     assert!(matches!(rec.state, RecordState::InFlight { .. }));
@@ -156,4 +182,43 @@ async fn an_expired_record_is_fenced_without_a_write() {
         .await
         .unwrap()
         .unwrap();
+}
+
+/// The record a `complete` by `SET … IFEQ` leaves is the script's, byte for byte and with the
+/// same physical expiry: the same miss (same token, same clock) on the machine's Redis (7.0 in
+/// CI, which refuses `IFEQ` and runs the script) and on Valkey leaves equal values and equal
+/// `PEXPIRETIME`s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_record_left_is_the_scripts_byte_for_byte() {
+    let (Some(valkey), Some(redis)) = (open().await, support::redis_store("IDEMGATE_TEST_REDIS_URL")) else {
+        return;
+    };
+    let k = key("ifeq-bytes");
+    let t = LeaseToken::random();
+    let now = now_millis();
+    let swaps = valkey.completes_without_script();
+    for store in [&valkey, &redis] {
+        store.begin(&k, &req(t, now)).await.unwrap();
+        store.complete(&k, t, response(), 60_000, now + 5).await.unwrap();
+    }
+    assert_eq!(valkey.completes_without_script() - swaps, 1);
+    let mut left = Vec::new();
+    for (store, var) in [
+        (&valkey, "IDEMGATE_TEST_VALKEY_URL"),
+        (&redis, "IDEMGATE_TEST_REDIS_URL"),
+    ] {
+        let client = redis::Client::open(std::env::var(var).unwrap()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let name = store.record_key(&k);
+        let value: Vec<u8> = redis::cmd("GET").arg(&name).query_async(&mut conn).await.unwrap();
+        let expiry: i64 = redis::cmd("PEXPIRETIME")
+            .arg(&name)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        left.push((value, expiry));
+        store.purge(&k).await.unwrap();
+    }
+    assert_eq!(left[0], left[1]);
+    assert!(left[0].1 > 0, "a completed record expires");
 }

@@ -17,7 +17,8 @@
 //! answers as the Rust rules. On a server that takes `SET … IFEQ` (Valkey 8.1+, Redis 8.4+),
 //! `complete` first tries to replace the exact value this replica's `begin` wrote, with no script
 //! (`written.rs`); any other value leaves that `SET` without effect and the script decides. A miss
-//! costs two round trips (`SET`, `complete`), a replay one.
+//! costs two round trips (`SET`, `complete`), a replay one (on a server with `IFEQ`, three when a
+//! waiter marked the record in between: the `SET` that finds it changed, then the script).
 //!
 //! Time. The rules compare against the caller's clock (`now`), never Redis's. The physical key
 //! expiry (`PEXPIREAT`) is set [`EXPIRY_GRACE`] after the logical one, so a Redis clock that is
@@ -43,7 +44,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use idemgate_core::notify::Notifier;
-use idemgate_core::record::{LeaseToken, Millis, Record, StoredResponse};
+use idemgate_core::record::{LeaseToken, Millis, Record, RecordState, StoredResponse};
 use idemgate_core::rules::{self, Begin, BeginRequest, Write};
 use idemgate_core::store::{Store, StoreError};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -454,11 +455,16 @@ impl Store for RedisStore {
             let raw = match self.set_nx_get(deadline, key, &value, px).await {
                 Ok(Some(raw)) => raw,
                 Ok(None) => {
+                    let lease_until = match &fresh.state {
+                        RecordState::InFlight { lease_until, .. } => *lease_until,
+                        RecordState::Completed { .. } => 0,
+                    };
                     let kept = Kept {
                         value,
                         expires_at: fresh.expires_at,
+                        lease_until,
                     };
-                    self.written.keep(req.token, kept);
+                    self.written.keep(req.token, kept, req.now);
                     return Ok(first);
                 }
                 Err(refused) if refuses_writes(&refused) => {
@@ -514,9 +520,14 @@ impl Store for RedisStore {
                 // Changed since (a waiter, a renewal, a new owner), gone, or already completed by
                 // an earlier try of this call: the script decides.
                 Ok(false) => {}
-                Err(StoreError::Backend(e)) if e.to_string().contains("syntax error") => {
-                    tracing::info!("redis refused SET IFEQ; complete uses its script");
-                    self.written.refuse();
+                // An error reply: the `SET` did not run, so the script decides (and answers the
+                // same error if the server refuses writes). A server without `IFEQ` calls it a
+                // syntax error; from then on this store does not try.
+                Err(StoreError::Backend(e)) if !retryable(&*e) => {
+                    if e.to_string().contains("syntax error") {
+                        tracing::info!("redis refused SET IFEQ; complete uses its script");
+                        self.written.refuse();
+                    }
                 }
                 Err(e) => return Err(e),
             }

@@ -17,16 +17,20 @@ use std::sync::{Mutex, PoisonError};
 
 use idemgate_core::record::{LeaseToken, Millis};
 
-/// At most this many values are kept (one per request in flight through this replica); past
-/// it, a `begin` keeps nothing and its `complete` takes the script.
+/// At most this many values are kept (one per request in flight through this replica, until it
+/// completes, releases or first renews). When full, a `begin` first drops the values of its
+/// shard whose lease has run out (an execution abandoned without `complete` or `release`, which a
+/// library caller may do); if that frees nothing it keeps nothing, and its `complete` takes the
+/// script.
 const MAX_KEPT: usize = 65_536;
 const SHARDS: usize = 16;
 
-/// A value `begin` wrote, and the record's logical expiry in it.
+/// A value `begin` wrote, and the record's logical expiry and lease end in it.
 #[derive(Debug)]
 pub struct Kept {
     pub value: Vec<u8>,
     pub expires_at: Millis,
+    pub lease_until: Millis,
 }
 
 /// The values, by lease token (random per attempt, so one token names one key's attempt).
@@ -55,18 +59,22 @@ impl Written {
         &self.shards[(token.0 as usize) % SHARDS]
     }
 
-    /// Keeps what `begin` wrote for `token`, unless the server is known to refuse `IFEQ` or too
-    /// many are kept already.
-    pub fn keep(&self, token: LeaseToken, kept: Kept) {
-        if self.refused() || self.kept.load(Ordering::Relaxed) >= MAX_KEPT {
+    /// Keeps what `begin` wrote for `token` at `now`, unless the server is known to refuse
+    /// `IFEQ` or too many are kept already.
+    pub fn keep(&self, token: LeaseToken, kept: Kept, now: Millis) {
+        if self.refused() {
             return;
         }
-        let old = self
-            .shard(token)
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(token.0, kept);
-        if old.is_none() {
+        let mut shard = self.shard(token).lock().unwrap_or_else(PoisonError::into_inner);
+        if self.kept.load(Ordering::Relaxed) >= MAX_KEPT {
+            let before = shard.len();
+            shard.retain(|_, k| k.lease_until > now);
+            self.kept.fetch_sub(before - shard.len(), Ordering::Relaxed);
+            if self.kept.load(Ordering::Relaxed) >= MAX_KEPT {
+                return;
+            }
+        }
+        if shard.insert(token.0, kept).is_none() {
             self.kept.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -114,15 +122,16 @@ mod tests {
     fn kept(n: u8) -> Kept {
         Kept {
             value: vec![n],
-            expires_at: 1,
+            expires_at: 100,
+            lease_until: 50,
         }
     }
 
     #[test]
     fn a_value_is_taken_once() {
         let w = Written::default();
-        w.keep(LeaseToken(7), kept(1));
-        w.keep(LeaseToken(23), kept(2));
+        w.keep(LeaseToken(7), kept(1), 10);
+        w.keep(LeaseToken(23), kept(2), 10);
         assert_eq!(w.len(), 2);
         assert_eq!(w.take(LeaseToken(7)).unwrap().value, [1]);
         assert!(w.take(LeaseToken(7)).is_none());
@@ -132,20 +141,29 @@ mod tests {
     #[test]
     fn a_refusing_server_stops_the_keeping() {
         let w = Written::default();
-        w.keep(LeaseToken(7), kept(1));
+        w.keep(LeaseToken(7), kept(1), 10);
         w.refuse();
         assert_eq!(w.len(), 0);
-        w.keep(LeaseToken(8), kept(2));
+        w.keep(LeaseToken(8), kept(2), 10);
         assert!(w.take(LeaseToken(8)).is_none());
     }
 
     #[test]
-    fn keeping_is_bounded() {
+    fn keeping_is_bounded_and_a_full_map_drops_lapsed_leases() {
         let w = Written::default();
         for t in 0..(MAX_KEPT as u128 + 10) {
-            w.keep(LeaseToken(t), kept(0));
+            w.keep(LeaseToken(t), kept(0), 10);
         }
         assert_eq!(w.len(), MAX_KEPT);
         assert!(w.take(LeaseToken(MAX_KEPT as u128 + 5)).is_none());
+        // Past every kept lease (50): the next keep clears its shard of them and is kept.
+        let late = MAX_KEPT as u128 + 20;
+        w.keep(LeaseToken(late), kept(1), 60);
+        assert_eq!(w.take(LeaseToken(late)).unwrap().value, [1]);
+        assert!(w.len() < MAX_KEPT - MAX_KEPT / SHARDS / 2, "{}", w.len());
+        assert!(
+            w.take(LeaseToken(4)).is_none(),
+            "a lapsed value in that shard is gone"
+        );
     }
 }
