@@ -406,6 +406,11 @@ fn retryable(e: &(dyn std::error::Error + 'static)) -> bool {
     })
 }
 
+/// An error reply with the generic code `ERR`, as servers refuse arguments they do not parse.
+fn generic_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    e.downcast_ref::<RedisError>().and_then(RedisError::code) == Some("ERR")
+}
+
 /// Redis refused a write it would otherwise make: full (`maxmemory` under `noeviction`), a
 /// read-only replica, too few replicas, or a failed snapshot that stops writes.
 fn refuses_writes(e: &StoreError) -> bool {
@@ -521,11 +526,13 @@ impl Store for RedisStore {
                 // an earlier try of this call: the script decides.
                 Ok(false) => {}
                 // An error reply: the `SET` did not run, so the script decides (and answers the
-                // same error if the server refuses writes). A server without `IFEQ` calls it a
-                // syntax error; from then on this store does not try.
+                // same error if the server refuses writes). A server without `IFEQ` answers with
+                // the generic code (`ERR syntax error` from Redis before 8.4 and Valkey before
+                // 8.1); from then on this store does not try. The specific codes (`OOM`,
+                // `READONLY`, `WRONGTYPE`, `LOADING`, ...) concern this moment or this record.
                 Err(StoreError::Backend(e)) if !retryable(&*e) => {
-                    if e.to_string().contains("syntax error") {
-                        tracing::info!("redis refused SET IFEQ; complete uses its script");
+                    if generic_error(&*e) {
+                        tracing::info!(error = %e, "redis refused SET IFEQ; complete uses its script");
                         self.written.refuse();
                     }
                 }
