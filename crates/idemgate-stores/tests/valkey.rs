@@ -222,3 +222,47 @@ async fn the_record_left_is_the_scripts_byte_for_byte() {
     assert_eq!(left[0], left[1]);
     assert!(left[0].1 > 0, "a completed record expires");
 }
+
+/// A refusal with a specific code (`OOM`: a full server under `noeviction`) hands that `complete`
+/// to the script, which answers the same refusal; the path stays on, so once the server takes
+/// writes again a new miss completes without the script. (Only the generic `ERR`, which a server
+/// without `IFEQ` answers, turns it off.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_write_leaves_the_path_on() {
+    let Some(server) = support::RedisServer::start_valkey().await else {
+        return;
+    };
+    let store = RedisStore::new(&idemgate_stores::RedisConfig::new(server.url())).unwrap();
+    let (k, t) = (key("ifeq-oom"), LeaseToken::random());
+    store.begin(&k, &req(t, now_millis())).await.unwrap();
+    server
+        .command(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
+        .await;
+    server.command(&["CONFIG", "SET", "maxmemory", "1"]).await;
+    let trips = store.round_trips();
+    let refused = store.complete(&k, t, response(), 60_000, now_millis()).await;
+    assert!(matches!(refused, Err(StoreError::Backend(_))), "{refused:?}");
+    assert_eq!(
+        store.round_trips() - trips,
+        2,
+        "the SET, refused, then the script, refused"
+    );
+    server.command(&["CONFIG", "SET", "maxmemory", "0"]).await;
+    store
+        .complete(&k, t, response(), 60_000, now_millis())
+        .await
+        .unwrap();
+
+    let swaps = store.completes_without_script();
+    let (k, t) = (key("ifeq-after-oom"), LeaseToken::random());
+    store.begin(&k, &req(t, now_millis())).await.unwrap();
+    store
+        .complete(&k, t, response(), 60_000, now_millis())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.completes_without_script() - swaps,
+        1,
+        "the path is still on"
+    );
+}

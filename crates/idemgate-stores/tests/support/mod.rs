@@ -30,6 +30,7 @@ pub fn redis_store(var: &str) -> Option<Arc<idemgate_stores::RedisStore>> {
 /// `kill -9` loses nothing acknowledged.
 pub struct RedisServer {
     pub port: u16,
+    program: String,
     dir: tempfile::TempDir,
     child: Option<Child>,
 }
@@ -37,8 +38,22 @@ pub struct RedisServer {
 impl RedisServer {
     /// `None` (and a message) when redis-server is not installed.
     pub async fn start() -> Option<Self> {
-        if Command::new("redis-server").arg("--version").output().is_err() {
-            println!("skipped: redis-server not installed");
+        Self::start_program("redis-server").await
+    }
+
+    /// A Valkey server of the test's own, from `IDEMGATE_TEST_VALKEY_BIN` (`.ci/run` builds one),
+    /// or `None` (and a message).
+    pub async fn start_valkey() -> Option<Self> {
+        let Ok(program) = std::env::var("IDEMGATE_TEST_VALKEY_BIN") else {
+            println!("skipped: IDEMGATE_TEST_VALKEY_BIN not set");
+            return None;
+        };
+        Self::start_program(&program).await
+    }
+
+    async fn start_program(program: &str) -> Option<Self> {
+        if Command::new(program).arg("--version").output().is_err() {
+            println!("skipped: {program} not installed");
             return None;
         }
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -48,6 +63,7 @@ impl RedisServer {
             .port();
         let mut s = Self {
             port,
+            program: program.to_owned(),
             dir: tempfile::tempdir().unwrap(),
             child: None,
         };
@@ -61,7 +77,7 @@ impl RedisServer {
 
     async fn spawn(&mut self) {
         self.child = Some(
-            Command::new("redis-server")
+            Command::new(&self.program)
                 .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
                 .args(["--save", "", "--appendonly", "yes", "--appendfsync", "always"])
                 .arg("--dir")
