@@ -406,18 +406,21 @@ fn retryable(e: &(dyn std::error::Error + 'static)) -> bool {
     })
 }
 
+/// The code of a Redis error reply (`ERR`, `OOM`, `WRONGTYPE`, ...).
+fn reply_code<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a str> {
+    e.downcast_ref::<RedisError>().and_then(RedisError::code)
+}
+
 /// An error reply with the generic code `ERR`, as servers refuse arguments they do not parse.
 fn generic_error(e: &(dyn std::error::Error + 'static)) -> bool {
-    e.downcast_ref::<RedisError>().and_then(RedisError::code) == Some("ERR")
+    reply_code(e) == Some("ERR")
 }
 
 /// Redis refused a write it would otherwise make: full (`maxmemory` under `noeviction`), a
 /// read-only replica, too few replicas, or a failed snapshot that stops writes.
 fn refuses_writes(e: &StoreError) -> bool {
     let StoreError::Backend(e) = e else { return false };
-    e.downcast_ref::<RedisError>()
-        .and_then(RedisError::code)
-        .is_some_and(|code| matches!(code, "OOM" | "READONLY" | "NOREPLICAS" | "MISCONF"))
+    reply_code(&**e).is_some_and(|code| matches!(code, "OOM" | "READONLY" | "NOREPLICAS" | "MISCONF"))
 }
 
 /// `SET NX GET` refused as a syntax error: a server older than 7.0.
