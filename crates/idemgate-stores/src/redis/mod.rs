@@ -463,9 +463,8 @@ impl Store for RedisStore {
             let raw = match self.set_nx_get(deadline, key, &value, px).await {
                 Ok(Some(raw)) => raw,
                 Ok(None) => {
-                    let lease_until = match &fresh.state {
-                        RecordState::InFlight { lease_until, .. } => *lease_until,
-                        RecordState::Completed { .. } => 0,
+                    let RecordState::InFlight { lease_until, .. } = fresh.state else {
+                        unreachable!("rules::begin creates an in-flight record for an absent key")
                     };
                     let kept = Kept {
                         value,
