@@ -7,7 +7,9 @@
 #   bench/ab.sh STORE SCENARIO ROUNDS SECONDS BIN [BIN...]
 #   bench/ab.sh embedded miss 4 5 /tmp/idemgate-before target/release/idemgate
 #
-#   STORE     memory | embedded
+#   STORE     memory | embedded | redis (BENCH_REDIS_URL, default redis://127.0.0.1:6379/15: a
+#             Redis or Valkey on this machine, pinned to CPU 0 for the run as bench/run.sh pins
+#             it, its affinity given back and this run's keys removed at the end)
 #   SCENARIO  passthrough | miss | replay (a pool of 1,000 keys, primed before each round)
 #   BIN       an idemgate binary, or `nginx`: the nginx `proxy_pass` peer of bench/run.sh
 #             (passthrough only), so the passthrough target can be read from interleaved rounds
@@ -35,7 +37,7 @@ source bench/lib.sh
 [[ $# -ge 5 ]] || { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
 STORE="$1" SCENARIO="$2" ROUNDS="$3" SECS="$4"
 shift 4
-case "$STORE" in memory | embedded) ;; *) echo "ab: store must be memory or embedded" >&2; exit 64 ;; esac
+case "$STORE" in memory | embedded | redis) ;; *) echo "ab: store must be memory, embedded or redis" >&2; exit 64 ;; esac
 case "$SCENARIO" in passthrough | miss | replay) ;; *) echo "ab: unknown scenario $SCENARIO" >&2; exit 64 ;; esac
 DEFAULT_STORE="$STORE" DEFAULT_SCENARIO="$SCENARIO"
 
@@ -43,7 +45,7 @@ DEFAULT_STORE="$STORE" DEFAULT_SCENARIO="$SCENARIO"
 # valid names match, so every entry's store and scenario are valid).
 entry() {
   STORE="$DEFAULT_STORE" SCENARIO="$DEFAULT_SCENARIO" bin="$1"
-  if [[ "$1" =~ ^(memory|embedded):(passthrough|miss|replay):(.+)$ ]]; then
+  if [[ "$1" =~ ^(memory|embedded|redis):(passthrough|miss|replay):(.+)$ ]]; then
     STORE="${BASH_REMATCH[1]}" SCENARIO="${BASH_REMATCH[2]}" bin="${BASH_REMATCH[3]}"
   fi
 }
@@ -62,6 +64,14 @@ for spec in "$@"; do
 done
 UP_PORT=18100 GW_PORT=18102
 rig_start ab "$UP_PORT"
+USES_REDIS=0
+for spec in "$@"; do entry "$spec"; [[ "$STORE" == redis ]] && USES_REDIS=1; done
+if ((USES_REDIS)); then
+  REDIS_URL="${BENCH_REDIS_URL:-redis://127.0.0.1:6379/15}"
+  # Every key of this run starts with it (the store's prefix), so they can all be removed after.
+  REDIS_PREFIX="idemgate-ab-$(od -An -N5 -tx1 /dev/urandom | tr -d ' \n')"
+  redis_pin "$REDIS_URL" 0 || exit 1
+fi
 
 BINS=("$@")
 for round in $(seq 1 "$ROUNDS"); do
@@ -75,7 +85,12 @@ for round in $(seq 1 "$ROUNDS"); do
     elif [[ "$bin" == floor || "$bin" == hyper-floor ]]; then
       taskset -c 1 "$FLOOR" "$bin" --listen "127.0.0.1:$GW_PORT" --upstream "127.0.0.1:$UP_PORT" >"$dir/log" 2>&1 &
     else
-      gw_yaml "$GW_PORT" "$UP_PORT" "$(local_store_block "$STORE" "$dir")" >"$dir/idemgate.yaml"
+      if [[ "$STORE" == redis ]]; then
+        block="$(redis_store_block "$REDIS_URL" "$REDIS_PREFIX-$(basename "$dir")-")"
+      else
+        block="$(local_store_block "$STORE" "$dir")"
+      fi
+      gw_yaml "$GW_PORT" "$UP_PORT" "$block" >"$dir/idemgate.yaml"
       IDEMGATE_LOG=warn taskset -c 1 "$bin" serve --config "$dir/idemgate.yaml" >"$dir/log" 2>&1 &
     fi
     gw=$!

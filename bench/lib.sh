@@ -121,6 +121,43 @@ local_store_block() {
   esac
 }
 
+# redis_store_block URL PREFIX -> the store block of the redis store, every key under PREFIX.
+redis_store_block() {
+  printf '%s' "  kind: redis
+  url: $1
+  prefix: $2
+  timeout: 5s"
+}
+
+# redis_pin URL CPUS: pins the Redis (or Valkey) server at URL, which must run on this machine,
+# to CPUS, keeping its affinity in REDIS_AFFINITY and its pid in REDIS_PID for redis_unpin.
+# Single-threaded and left to the scheduler, it often lands on the system under test's core
+# (bench/README.md, "Fairness choices"). Fails with a message if it cannot.
+redis_pin() {
+  local info
+  info="$(timeout 30 redis-cli -u "$1" info server 2>/dev/null | tr -d '\r')" || { echo "bench: Redis at $1 does not answer" >&2; return 1; }
+  REDIS_PID="$(awk -F: '/^process_id:/ {print $2}' <<<"$info")"
+  case "$(cat "/proc/$REDIS_PID/comm" 2>/dev/null)" in
+    redis-server* | valkey-server*) ;;
+    *) echo "bench: Redis at $1 is not a redis-server or valkey-server on this machine" >&2; return 1 ;;
+  esac
+  REDIS_AFFINITY="$(taskset -pc "$REDIS_PID" | awk -F': ' '{print $2}')"
+  taskset -apc "$2" "$REDIS_PID" >/dev/null || { echo "bench: could not pin Redis (pid $REDIS_PID)" >&2; REDIS_AFFINITY=""; return 1; }
+}
+
+# redis_unpin: gives the server pinned by redis_pin its affinity back.
+redis_unpin() {
+  if [[ -n "${REDIS_AFFINITY:-}" ]]; then taskset -apc "$REDIS_AFFINITY" "$REDIS_PID" >/dev/null 2>&1 || true; fi
+  REDIS_AFFINITY=""
+}
+
+# redis_unlink URL PATTERN -> how many keys matching PATTERN were removed.
+redis_unlink() {
+  timeout 60 redis-cli -u "$1" --scan --pattern "$2" 2>/dev/null \
+    | timeout 300 xargs -r -n 500 redis-cli -u "$1" unlink 2>/dev/null \
+    | awk '{ s += $1 } END { print s + 0 }' || true
+}
+
 # pg_store_block URL SCHEMA -> the store block of the postgres store, its table in SCHEMA (which
 # the caller creates and drops).
 pg_store_block() {
@@ -230,6 +267,9 @@ rig_start() {
 rig_cleanup() {
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  # A rig that used Redis (bench/ab.sh with STORE redis): its keys and the server's affinity.
+  if [[ -n "${REDIS_PREFIX:-}" ]]; then redis_unlink "$REDIS_URL" "$REDIS_PREFIX*" >/dev/null; fi
+  redis_unpin
   rm -rf "$WORK"
 }
 

@@ -158,11 +158,7 @@ forget_pid() { local p keep=(); for p in "${PIDS[@]+"${PIDS[@]}"}"; do if [[ "$p
 redis_cli() { timeout 60 redis-cli -u "$REDIS_URL" "$@"; }
 redis_purge() {
   ((NEED_REDIS)) || return 0
-  local n
-  n="$(redis_cli --scan --pattern "*$RUN_ID*" 2>/dev/null \
-       | timeout 300 xargs -r -n 500 redis-cli -u "$REDIS_URL" unlink 2>/dev/null \
-       | awk '{ s += $1 } END { print s + 0 }' || true)"
-  log "redis: removed ${n:-0} keys of this run"
+  log "redis: removed $(redis_unlink "$REDIS_URL" "*$RUN_ID*") keys of this run"
 }
 pg_drop_schemas() {
   local s
@@ -177,7 +173,7 @@ cleanup() {
   trap - EXIT INT TERM
   for p in "${PIDS[@]+"${PIDS[@]}"}"; do stop_pid "$p"; done
   redis_purge || true
-  if [[ -n "${REDIS_AFFINITY:-}" ]]; then taskset -apc "$REDIS_AFFINITY" "$REDIS_PID" >/dev/null 2>&1 || true; fi
+  redis_unpin
   pg_drop_schemas || true
   if [[ "${BENCH_KEEP_TMP:-0}" == 1 || $rc -ne 0 ]]; then
     log "logs kept in $WORK"
@@ -279,15 +275,10 @@ if ((NEED_REDIS)); then
   REDIS_PID="$(redis_cli info server | tr -d '\r' | awk -F: '/^process_id:/ {print $2}')"
   # Valkey reports the Redis version it is compatible with too: its own name and version win.
   REDIS_CONF="$(redis_cli info server | tr -d '\r' | awk -F: '/^redis_version:/ {v = "Redis " $2} /^valkey_version:/ {k = "Valkey " $2} END {print (k != "" ? k : v)}'), appendonly $(redis_cli config get appendonly | tail -n1), appendfsync $(redis_cli config get appendfsync | tail -n1)"
-  # Redis is single-threaded and, left to the scheduler, often lands on the system under test's
-  # core (bench/README.md, "Fairness choices"): pinned to the load side for the run, as a
-  # dependency on a host of its own would be, and given its affinity back at the end.
-  # Only a server on this machine: the pid Redis reports must be a local redis-server (or
-  # valkey-server).
-  case "$(cat "/proc/$REDIS_PID/comm" 2>/dev/null)" in redis-server* | valkey-server*) ;; *) REDIS_CPUS="" ;; esac
-  if [[ -n "$REDIS_CPUS" ]]; then
-    REDIS_AFFINITY="$(taskset -pc "$REDIS_PID" 2>/dev/null | awk -F': ' '{print $2}')"
-    taskset -apc "$REDIS_CPUS" "$REDIS_PID" >/dev/null 2>&1 || { log "could not pin Redis (pid $REDIS_PID)"; REDIS_CPUS=""; REDIS_AFFINITY=""; }
+  # Pinned to the load side for the run, as a dependency on a host of its own would be, and
+  # given its affinity back at the end (redis_pin in bench/lib.sh); only a server on this machine.
+  if [[ -n "$REDIS_CPUS" ]] && ! redis_pin "$REDIS_URL" "$REDIS_CPUS" 2>"$WORK/redis-pin.err"; then
+    log "Redis left unpinned: $(cat "$WORK/redis-pin.err")"; REDIS_CPUS=""
   fi
 fi
 if ((NEED_PG)); then
@@ -622,10 +613,7 @@ gw_config() { # STORE DIR -> writes DIR/idemgate.yaml
   local store="$1" dir="$2" block schema
   case "$store" in
     memory | embedded) block="$(local_store_block "$store" "$dir")" ;;
-    redis) block="  kind: redis
-  url: $REDIS_URL
-  prefix: idemgate-bench-$RUN_ID
-  timeout: 5s" ;;
+    redis) block="$(redis_store_block "$REDIS_URL" "idemgate-bench-$RUN_ID")" ;;
     postgres)
       schema="idemgate_bench_$RUN_ID"
       PG_SCHEMAS+=("$schema")
