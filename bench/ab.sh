@@ -30,6 +30,9 @@
 # threads (user + system, from /proc), so a change that moves work between threads shows.
 # Ports 18100-18102, all on 127.0.0.1; everything it starts is stopped on exit.
 set -euo pipefail
+# One block, read whole before any of it runs: bash reads a script as it goes, so an edit to
+# this file during a run (which takes minutes) would change or break the run under way.
+{
 cd "$(dirname "$0")/.."
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
@@ -114,3 +117,5 @@ for round in $(seq 1 "$ROUNDS"); do
     wait "$gw" 2>/dev/null || true
   done
 done
+exit
+}

@@ -21,6 +21,9 @@
 # 2 s more) and splits the count over the most frequent call sites.
 # Ports 18120-18121, 127.0.0.1 only. The probes are removed on exit.
 set -euo pipefail
+# One block, read whole before any of it runs: bash reads a script as it goes, so an edit to
+# this file during a run (which takes minutes) would change or break the run under way.
+{
 cd "$(dirname "$0")/.."
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
@@ -110,3 +113,5 @@ for bin in "$@"; do
   kill "$gw"
   wait "$gw" 2>/dev/null || true
 done
+exit
+}

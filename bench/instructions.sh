@@ -28,6 +28,9 @@
 # BENCH_CG_DIR=DIR keeps each binary's callgrind output as DIR/N.cg.out.* (N = its place in the
 # argument list, from 1), for `callgrind_annotate --inclusive=yes`.
 set -euo pipefail
+# One block, read whole before any of it runs: bash reads a script as it goes, so an edit to
+# this file during a run (which takes minutes) would change or break the run under way.
+{
 # Relative to where the script was started, not to the repository it moves to.
 if [[ -n "${BENCH_CG_DIR:-}" ]]; then
   mkdir -p "$BENCH_CG_DIR"
@@ -98,3 +101,5 @@ for bin in "$@"; do
   kill "$gw"
   wait "$gw" 2>/dev/null || true
 done
+exit
+}

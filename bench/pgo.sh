@@ -28,6 +28,9 @@
 # Flags already in RUSTFLAGS are kept in both builds. Training uses the bench rig (nginx, wrk,
 # and Redis and PostgreSQL for those stores), as bench/run.sh does; ports as in run.sh.
 set -euo pipefail
+# One block, read whole before any of it runs: bash reads a script as it goes, so an edit to
+# this file during a run (which takes minutes) would change or break the run under way.
+{
 cd "$(dirname "$0")/.."
 REPO="$PWD"
 STORES="${BENCH_PGO_STORES:-memory,embedded,redis,postgres}"
@@ -91,3 +94,5 @@ mv "$PGO/merged.profdata" "$PROFILE"
 RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-Cprofile-use=$PROFILE" CARGO_TARGET_DIR="$PGO/use" \
   timeout 3600 cargo build --release -p idemgate >&2 || die "the optimised build failed"
 echo "$PGO/use/release/idemgate"
+exit
+}

@@ -11,6 +11,9 @@
 # Everything listens on 127.0.0.1 only; every process started here is killed by
 # the EXIT trap; every wait is bounded.
 set -euo pipefail
+# One block, read whole before any of it runs: bash reads a script as it goes, so an edit to
+# this file during a run (which takes minutes) would change or break the run under way.
+{
 
 # ---------------------------------------------------------------- settings
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -923,3 +926,5 @@ else
   log "BENCH_WRITE_DOC=0: docs left alone; results copied to ${BENCH_RESULTS_COPY:-/tmp/idemgate-bench-results.txt}"
 fi
 cat "$GEN"
+exit
+}

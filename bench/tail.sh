@@ -22,6 +22,9 @@
 # bench/ab.sh), and for postgres of PostgreSQL's processes. Ports 18130-18133, 127.0.0.1 only;
 # everything it starts is stopped on exit.
 set -euo pipefail
+# One block, read whole before any of it runs: bash reads a script as it goes, so an edit to
+# this file during a run (which takes minutes) would change or break the run under way.
+{
 cd "$(dirname "$0")/.."
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
@@ -122,3 +125,5 @@ for round in $(seq 1 "$ROUNDS"); do
     wait "$gw" 2>/dev/null || true
   done
 done
+exit
+}

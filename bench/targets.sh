@@ -19,6 +19,9 @@
 # named in the output; $BENCH_TARGETS_NAME names them instead, for a caller that moves them).
 # Ports 18100-18102, as bench/ab.sh.
 set -euo pipefail
+# One block, read whole before any of it runs: bash reads a script as it goes, so an edit to
+# this file during a run (which takes minutes) would change or break the run under way.
+{
 cd "$(dirname "$0")/.."
 [[ $# -ge 1 ]] || { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
 BIN="$1" ROUNDS="${2:-10}" SECS="${3:-4}"
@@ -40,3 +43,5 @@ python3 bench/pairs.py "$OUT" \
   --ratio "embedded miss ≥ 0.5× passthrough" "embedded:miss:$BIN" "memory:passthrough:$BIN" 0.5 \
   --ratio "memory replay ≥ 1.5× nginx" "memory:replay:$BIN" nginx 1.5 \
   --ratio "embedded replay ≥ 1.5× nginx" "embedded:replay:$BIN" nginx 1.5
+exit
+}
