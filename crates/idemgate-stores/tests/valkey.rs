@@ -111,18 +111,26 @@ async fn a_changed_record_is_left_to_the_script() {
         .unwrap();
     assert!(matches!(replay, Begin::Replay(_)), "{replay:?}");
 
-    // Renewed: completed by the script.
-    let k = key("ifeq-renewed");
+    // Marked by a waiter, then renewed: the renewal's SET finds it changed and the script renews
+    // it, keeping the mark; the complete then has nothing kept and goes to the script alone.
+    let k = key("ifeq-waited-renewed");
     let t = LeaseToken::random();
     a.begin(&k, &req(t, now_millis())).await.unwrap();
-    a.renew(&k, t, now_millis() + 45_000).await.unwrap();
+    let waiting = b
+        .begin(&k, &req(LeaseToken::random(), now_millis()))
+        .await
+        .unwrap();
+    assert!(matches!(waiting, Begin::InFlight { .. }), "{waiting:?}");
     let trips = a.round_trips();
-    a.complete(&k, t, response(), 60_000, now_millis()).await.unwrap();
+    a.renew(&k, t, now_millis() + 45_000).await.unwrap();
     assert_eq!(
         a.round_trips() - trips,
-        1,
-        "a renewed record goes to the script alone"
+        2,
+        "the SET found it changed, then the script"
     );
+    let trips = a.round_trips();
+    a.complete(&k, t, response(), 60_000, now_millis()).await.unwrap();
+    assert_eq!(a.round_trips() - trips, 1, "nothing kept: the script alone");
     assert!(
         matches!(a.get(&k, now_millis()).await.unwrap(), Some(r) if matches!(r.state, RecordState::Completed { .. }))
     );
@@ -157,6 +165,53 @@ async fn a_changed_record_is_left_to_the_script() {
     );
 }
 
+/// A renewal of the value this replica wrote is one `SET … IFEQ` too, and keeps the renewed
+/// value: renewals within the record's expiry and past it, then the `complete`, send no script.
+/// A renewal that would not lengthen the lease asks the script (only it knows whether the lease
+/// is lost) and leaves the kept value as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_keep_the_path() {
+    let Some(store) = open().await else { return };
+    let k = key("ifeq-renew");
+    let t = LeaseToken::random();
+    let start = now_millis();
+    store.begin(&k, &req(t, start)).await.unwrap();
+    let swaps = store.completes_without_script();
+    let trips = store.round_trips();
+    // The in-flight record lives 60 s (its retention); 45 s stays inside, 70 s goes past it.
+    store.renew(&k, t, start + 45_000).await.unwrap();
+    store.renew(&k, t, start + 70_000).await.unwrap();
+    assert_eq!(store.round_trips() - trips, 2, "one SET per renewal");
+    let trips = store.round_trips();
+    store.renew(&k, t, start + 50_000).await.unwrap();
+    assert_eq!(
+        store.round_trips() - trips,
+        1,
+        "a shorter lease goes to the script"
+    );
+    let rec = store.get(&k, now_millis()).await.unwrap().expect("in flight");
+    assert!(
+        matches!(rec.state, RecordState::InFlight { token, lease_until } if token == t && lease_until == start + 70_000),
+        "{rec:?}"
+    );
+    assert_eq!(rec.expires_at, start + 70_000, "the record outlives its lease");
+    let trips = store.round_trips();
+    store
+        .complete(&k, t, response(), 60_000, now_millis())
+        .await
+        .unwrap();
+    assert_eq!(store.round_trips() - trips, 1);
+    assert_eq!(
+        store.completes_without_script() - swaps,
+        1,
+        "completed by SET IFEQ"
+    );
+    // Another attempt's renewal of the completed record is fenced (by the script).
+    let other = store.renew(&k, LeaseToken::random(), now_millis() + 30_000).await;
+    assert!(matches!(other, Err(StoreError::Fenced(_))), "{other:?}");
+    store.purge(&k).await.unwrap();
+}
+
 /// A record whose lease has run out is fenced even when nobody took it over: the `IFEQ` path
 /// checks the expiry the script checks, against the caller's clock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -184,10 +239,10 @@ async fn an_expired_record_is_fenced_without_a_write() {
         .unwrap();
 }
 
-/// The record a `complete` by `SET … IFEQ` leaves is the script's, byte for byte and with the
-/// same physical expiry: the same miss (same token, same clock) on the machine's Redis (7.0 in
-/// CI, which refuses `IFEQ` and runs the script) and on Valkey leaves equal values and equal
-/// `PEXPIRETIME`s.
+/// The record a `complete` or a `renew` by `SET … IFEQ` leaves is the script's, byte for byte
+/// and with the same physical expiry: the same calls (same token, same clock) on the machine's
+/// Redis (7.0 in CI, which refuses `IFEQ` and runs the scripts) and on Valkey leave equal values
+/// and equal `PEXPIRETIME`s after every step.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_record_left_is_the_scripts_byte_for_byte() {
     let (Some(valkey), Some(redis)) = (open().await, support::redis_store("IDEMGATE_TEST_REDIS_URL")) else {
@@ -197,30 +252,44 @@ async fn the_record_left_is_the_scripts_byte_for_byte() {
     let t = LeaseToken::random();
     let now = now_millis();
     let swaps = valkey.completes_without_script();
-    for store in [&valkey, &redis] {
-        store.begin(&k, &req(t, now)).await.unwrap();
-        store.complete(&k, t, response(), 60_000, now + 5).await.unwrap();
+    let trips = valkey.round_trips();
+    // After each step, the two servers hold the same value with the same physical expiry: after
+    // the begin, a renewal inside the record's expiry (`KEEPTTL`), one past it (`PXAT`, the
+    // expiry moves with the lease), and the complete.
+    let steps = ["begin", "renew within", "renew past", "complete"];
+    for step in steps {
+        for store in [&valkey, &redis] {
+            match step {
+                "begin" => drop(store.begin(&k, &req(t, now)).await.unwrap()),
+                "renew within" => store.renew(&k, t, now + 45_000).await.unwrap(),
+                "renew past" => store.renew(&k, t, now + 70_000).await.unwrap(),
+                _ => store.complete(&k, t, response(), 60_000, now + 5).await.unwrap(),
+            }
+        }
+        let valkey_left = left_by(&valkey, "IDEMGATE_TEST_VALKEY_URL", &k).await;
+        let redis_left = left_by(&redis, "IDEMGATE_TEST_REDIS_URL", &k).await;
+        assert_eq!(valkey_left, redis_left, "after {step}");
+        assert!(valkey_left.1 > 0, "the record expires, after {step}");
     }
+    assert_eq!(valkey.round_trips() - trips, 4, "one command per step on Valkey");
     assert_eq!(valkey.completes_without_script() - swaps, 1);
-    let mut left = Vec::new();
-    for (store, var) in [
-        (&valkey, "IDEMGATE_TEST_VALKEY_URL"),
-        (&redis, "IDEMGATE_TEST_REDIS_URL"),
-    ] {
-        let client = redis::Client::open(std::env::var(var).unwrap()).unwrap();
-        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-        let name = store.record_key(&k);
-        let value: Vec<u8> = redis::cmd("GET").arg(&name).query_async(&mut conn).await.unwrap();
-        let expiry: i64 = redis::cmd("PEXPIRETIME")
-            .arg(&name)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        left.push((value, expiry));
+    for store in [&valkey, &redis] {
         store.purge(&k).await.unwrap();
     }
-    assert_eq!(left[0], left[1]);
-    assert!(left[0].1 > 0, "a completed record expires");
+}
+
+/// The raw value of `k` on the server at `$var` and its `PEXPIRETIME`.
+async fn left_by(store: &RedisStore, var: &str, k: &str) -> (Vec<u8>, i64) {
+    let client = redis::Client::open(std::env::var(var).unwrap()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let name = store.record_key(k);
+    let value: Vec<u8> = redis::cmd("GET").arg(&name).query_async(&mut conn).await.unwrap();
+    let expiry: i64 = redis::cmd("PEXPIRETIME")
+        .arg(&name)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    (value, expiry)
 }
 
 /// A refusal with a specific code (`OOM`: a full server under `noeviction`) hands that `complete`

@@ -127,6 +127,20 @@ pub fn completed(flight: &[u8], expires_at: &[u8], response: &[u8]) -> Vec<u8> {
     out
 }
 
+/// What `renew.lua` writes over the in-flight value `flight` of its own attempt: the new lease
+/// end `lease_until` (20 padded digits), and the same as the expiry when the lease passes it (a
+/// record lives at least as long as its lease). Written here for `SET … IFEQ`, which must
+/// produce the script's bytes.
+#[must_use]
+pub fn renewed(flight: &[u8], lease_until: &[u8], past_expiry: bool) -> Vec<u8> {
+    let mut out = flight.to_vec();
+    out[23..43].copy_from_slice(lease_until);
+    if past_expiry {
+        out[3..23].copy_from_slice(lease_until);
+    }
+    out
+}
+
 /// Decodes a value written by [`encode`] and the scripts.
 ///
 /// # Errors

@@ -44,7 +44,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use idemgate_core::notify::Notifier;
-use idemgate_core::record::{LeaseToken, Millis, Record, RecordState, StoredResponse};
+use idemgate_core::record::{LeaseToken, Millis, Record, RecordState, StoredResponse, now_millis};
 use idemgate_core::rules::{self, Begin, BeginRequest, Write};
 use idemgate_core::store::{Store, StoreError};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -305,27 +305,54 @@ impl RedisStore {
         })
     }
 
-    /// `complete`'s command when the record is still what this replica's `begin` wrote:
-    /// `SET key done IFEQ flight`; whether it was set.
+    /// `complete`'s and `renew`'s command when the record is still what this replica last wrote:
+    /// `SET key new IFEQ flight`, with the physical expiry `ttl` (`None`: the one it has); whether
+    /// it was set.
     async fn set_ifeq(
         &self,
         deadline: Instant,
         key: &str,
-        done: &[u8],
+        new: &[u8],
         flight: &[u8],
-        pexpireat: u64,
+        ttl: Option<u64>,
     ) -> Result<bool, StoreError> {
         let key = &self.record_key(key);
         self.retrying(deadline, move |mut conn| async move {
             let mut cmd = redis::cmd("SET");
-            cmd.arg(key).arg(done).arg("IFEQ").arg(flight);
-            if pexpireat != 0 {
-                cmd.arg("PXAT").arg(pexpireat);
+            cmd.arg(key).arg(new).arg("IFEQ").arg(flight);
+            match ttl {
+                None => {
+                    cmd.arg("KEEPTTL");
+                }
+                // Never expires.
+                Some(0) => {}
+                Some(at) => {
+                    cmd.arg("PXAT").arg(at);
+                }
             }
             cmd.query_async::<Option<String>>(&mut conn).await
         })
         .await
         .map(|reply| reply.is_some())
+    }
+
+    /// What an error reply to a `SET … IFEQ` means for the store: the `SET` did not run, so the
+    /// script decides (and answers the same error if the server refuses writes). A server
+    /// without `IFEQ` answers with the generic code (`ERR syntax error` from Redis before 8.4
+    /// and Valkey before 8.1); from then on this store does not try. The specific codes (`OOM`,
+    /// `READONLY`, `WRONGTYPE`, `LOADING`, ...) concern this moment or this record. A connection
+    /// failure that outlasted the retries is the call's error.
+    fn ifeq_failed(&self, e: StoreError, command: &str) -> Result<(), StoreError> {
+        match e {
+            StoreError::Backend(e) if !retryable(&*e) => {
+                if generic_error(&*e) {
+                    tracing::info!(error = %e, "redis refused SET IFEQ; {command} uses its script");
+                    self.written.refuse();
+                }
+                Ok(())
+            }
+            e => Err(e),
+        }
     }
 
     /// A record's raw value.
@@ -519,26 +546,15 @@ impl Store for RedisStore {
             && !self.written.refused()
         {
             let done = layout::completed(&flight.value, exp.padded(), &body);
-            match self.set_ifeq(deadline, key, &done, &flight.value, px).await {
+            match self.set_ifeq(deadline, key, &done, &flight.value, Some(px)).await {
                 Ok(true) => {
                     self.swapped.fetch_add(1, Ordering::Relaxed);
                     return Ok(());
                 }
-                // Changed since (a waiter, a renewal, a new owner), gone, or already completed by
-                // an earlier try of this call: the script decides.
+                // Changed since (a waiter, another replica's renewal, a new owner), gone, or
+                // already completed by an earlier try of this call: the script decides.
                 Ok(false) => {}
-                // An error reply: the `SET` did not run, so the script decides (and answers the
-                // same error if the server refuses writes). A server without `IFEQ` answers with
-                // the generic code (`ERR syntax error` from Redis before 8.4 and Valkey before
-                // 8.1); from then on this store does not try. The specific codes (`OOM`,
-                // `READONLY`, `WRONGTYPE`, `LOADING`, ...) concern this moment or this record.
-                Err(StoreError::Backend(e)) if !retryable(&*e) => {
-                    if generic_error(&*e) {
-                        tracing::info!(error = %e, "redis refused SET IFEQ; complete uses its script");
-                        self.written.refuse();
-                    }
-                }
-                Err(e) => return Err(e),
+                Err(e) => self.ifeq_failed(e, "complete")?,
             }
         }
         let (now, px) = (Decimal::new(now), Decimal::new(px));
@@ -567,14 +583,47 @@ impl Store for RedisStore {
     }
 
     async fn renew(&self, key: &str, token: LeaseToken, lease_until: Millis) -> Result<(), StoreError> {
-        // The renewal changes the record: its `complete` takes the script.
-        self.written.take(token);
+        let until = Decimal::new(lease_until);
+        let deadline = self.deadline();
+        // The record as this replica last wrote it: the script's change as one compare-and-set,
+        // and the new value kept for the next renewal and the `complete`.
+        if let Some(flight) = self.written.take(token)
+            && !self.written.refused()
+        {
+            if lease_until <= flight.lease_until {
+                // Nothing to lengthen (renewals may overlap or land late): the script changes
+                // nothing either, but only it can tell whether the lease is lost.
+                self.written.keep(token, flight, now_millis());
+            } else {
+                let past_expiry = lease_until > flight.expires_at;
+                let renewed = layout::renewed(&flight.value, until.padded(), past_expiry);
+                // As the script: a new physical expiry only with a new logical one (and never
+                // for a record that never expires, `pexpireat` 0).
+                let ttl = Some(pexpireat(lease_until)).filter(|at| past_expiry && *at != 0);
+                match self.set_ifeq(deadline, key, &renewed, &flight.value, ttl).await {
+                    Ok(true) => {
+                        // A `complete` of this attempt running meanwhile found nothing kept and
+                        // took the script; the value kept here then waits until a full map
+                        // drops it with the other lapsed leases.
+                        let kept = Kept {
+                            value: renewed,
+                            expires_at: flight.expires_at.max(lease_until),
+                            lease_until,
+                        };
+                        self.written.keep(token, kept, now_millis());
+                        return Ok(());
+                    }
+                    // Changed since (a waiter, a new owner), gone, or completed: the script
+                    // decides.
+                    Ok(false) => {}
+                    Err(e) => self.ifeq_failed(e, "renew")?,
+                }
+            }
+        }
         let token = token_bytes(token);
-        let (until, px) = (Decimal::new(lease_until), Decimal::new(pexpireat(lease_until)));
+        let px = Decimal::new(pexpireat(lease_until));
         let args: [&[u8]; 3] = [&token, until.padded(), px.plain()];
-        let reply: String = self
-            .call(self.deadline(), &self.scripts.renew, key, &args)
-            .await?;
+        let reply: String = self.call(deadline, &self.scripts.renew, key, &args).await?;
         ack(&reply)
     }
 

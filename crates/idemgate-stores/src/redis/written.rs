@@ -1,12 +1,13 @@
-//! What this replica's `begin` wrote for the keys it took, so that `complete` can replace that
-//! exact value with one `SET key <completed> IFEQ <written>` instead of the `complete` script.
+//! What this replica last wrote for the keys it took (its `begin`, then each of its renewals),
+//! so that `complete` and `renew` can replace that exact value with one
+//! `SET key <new> IFEQ <written>` instead of their scripts.
 //!
 //! Why: the script cost Redis 10 to 12 µs per call on the benchmark machine (a Lua call with
 //! these arguments is 3 µs before any work, and each `redis.call` inside adds 2 or more), five
 //! times what `begin`'s `SET NX` costs. A compare-and-set on the whole value is the same
-//! decision for the common case: the record is still exactly what `begin` wrote, so it is in
+//! decision for the common case: the record is still exactly what this replica wrote, so it is in
 //! flight, carries this attempt's token, and nobody waits on it (a waiter sets its flag, a
-//! renewal its lease, a new owner everything). Whenever the value differs, or is gone, the
+//! new owner everything). Whenever the value differs, or is gone, the
 //! `SET` does nothing and the script decides as before, so every other case keeps one
 //! implementation. `IFEQ` is in Valkey 8.1 and later (and Redis 8.4); an older server refuses
 //! it as a syntax error once, and the store stops keeping values.
@@ -18,7 +19,7 @@ use std::sync::{Mutex, PoisonError};
 use idemgate_core::record::{LeaseToken, Millis};
 
 /// At most this many values are kept (one per request in flight through this replica, until it
-/// completes, releases or first renews). When full, a `begin` first drops the values of its
+/// completes or releases; a renewal replaces it). When full, a `begin` first drops the values of its
 /// shard whose lease has run out (an execution abandoned without `complete` or `release`, which a
 /// library caller may do); if that frees nothing it keeps nothing, and its `complete` takes the
 /// script.
@@ -79,8 +80,8 @@ impl Written {
         }
     }
 
-    /// Takes the value kept for `token`: for `complete`, or to forget it when the record changes
-    /// through this replica (a renewal, a release).
+    /// Takes the value kept for `token`: for `complete` or `renew` (which keeps the value it
+    /// wrote), or to forget it when the record changes through this replica (a release).
     pub fn take(&self, token: LeaseToken) -> Option<Kept> {
         let kept = self
             .shard(token)
