@@ -606,7 +606,8 @@ proptest! {
         redis_case("IDEMGATE_TEST_REDIS_URL", &ops)?;
     }
 
-    /// On Valkey 8.1+, where `complete` replaces the value its `begin` wrote with `SET … IFEQ`.
+    /// On Valkey 8.1+, where `complete` and `renew` replace the value this replica last wrote
+    /// with `SET … IFEQ`.
     #[test]
     fn valkey_store_matches_model(ops in ops()) {
         redis_case("IDEMGATE_TEST_VALKEY_URL", &ops)?;

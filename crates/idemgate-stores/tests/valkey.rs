@@ -1,6 +1,7 @@
 //! The Redis store on a server that takes `SET … IFEQ` (Valkey 8.1 and later, at
-//! `IDEMGATE_TEST_VALKEY_URL`): `complete` replaces the value its own `begin` wrote without the
-//! script, and leaves every changed record to the script. The whole conformance suite runs here
+//! `IDEMGATE_TEST_VALKEY_URL`): `complete` and `renew` replace the value this replica last wrote
+//! (its `begin` or its last renewal) without the scripts, and leave every changed record to the
+//! scripts. The whole conformance suite runs here
 //! as well, so both paths give the answers the other stores give (`model.rs` holds the store on
 //! Valkey to the reference model too).
 
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemgate_core::record::{RecordState, now_millis};
-use idemgate_core::{Begin, LeaseToken, Store, StoreError};
+use idemgate_core::{Begin, BeginRequest, LeaseToken, Store, StoreError};
 use idemgate_stores::RedisStore;
 
 use support::{key, req, response};
@@ -79,9 +80,9 @@ async fn a_miss_completes_without_the_script() {
     );
 }
 
-/// A record changed after its `begin` (marked by a waiter, renewed, or taken over after its
-/// lease ran out) is not the value this replica wrote: the `SET … IFEQ` does nothing and the
-/// script decides, as on a server without `IFEQ`.
+/// A record changed after this replica wrote it (marked by a waiter, or taken over after its
+/// lease ran out) is not the value kept: the `SET … IFEQ` does nothing and the script decides,
+/// as on a server without `IFEQ`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_record_is_left_to_the_script() {
     let (Some(a), Some(b)) = (open().await, open().await) else {
@@ -121,13 +122,16 @@ async fn a_changed_record_is_left_to_the_script() {
         .await
         .unwrap();
     assert!(matches!(waiting, Begin::InFlight { .. }), "{waiting:?}");
-    let trips = a.round_trips();
+    let (trips, renewals) = (a.round_trips(), a.renewals_without_script());
     a.renew(&k, t, now_millis() + 45_000).await.unwrap();
     assert_eq!(
         a.round_trips() - trips,
         2,
         "the SET found it changed, then the script"
     );
+    assert_eq!(a.renewals_without_script(), renewals);
+    let (raw, _) = left_by(&a, "IDEMGATE_TEST_VALKEY_URL", &k).await;
+    assert_eq!(raw[2], b'1', "the waiter's mark stays through the renewal");
     let trips = a.round_trips();
     a.complete(&k, t, response(), 60_000, now_millis()).await.unwrap();
     assert_eq!(a.round_trips() - trips, 1, "nothing kept: the script alone");
@@ -176,12 +180,13 @@ async fn renewals_keep_the_path() {
     let t = LeaseToken::random();
     let start = now_millis();
     store.begin(&k, &req(t, start)).await.unwrap();
-    let swaps = store.completes_without_script();
+    let (swaps, renewals) = (store.completes_without_script(), store.renewals_without_script());
     let trips = store.round_trips();
     // The in-flight record lives 60 s (its retention); 45 s stays inside, 70 s goes past it.
     store.renew(&k, t, start + 45_000).await.unwrap();
     store.renew(&k, t, start + 70_000).await.unwrap();
     assert_eq!(store.round_trips() - trips, 2, "one SET per renewal");
+    assert_eq!(store.renewals_without_script() - renewals, 2);
     let trips = store.round_trips();
     store.renew(&k, t, start + 50_000).await.unwrap();
     assert_eq!(
@@ -189,6 +194,7 @@ async fn renewals_keep_the_path() {
         1,
         "a shorter lease goes to the script"
     );
+    assert_eq!(store.renewals_without_script() - renewals, 2);
     let rec = store.get(&k, now_millis()).await.unwrap().expect("in flight");
     assert!(
         matches!(rec.state, RecordState::InFlight { token, lease_until } if token == t && lease_until == start + 70_000),
@@ -209,6 +215,25 @@ async fn renewals_keep_the_path() {
     // Another attempt's renewal of the completed record is fenced (by the script).
     let other = store.renew(&k, LeaseToken::random(), now_millis() + 30_000).await;
     assert!(matches!(other, Err(StoreError::Fenced(_))), "{other:?}");
+    store.purge(&k).await.unwrap();
+
+    // `on_lease_expiry: fail`: the lease never ends, so no renewal lengthens it; the script
+    // answers, and the kept value still serves the `complete`.
+    let k = key("ifeq-renew-forever");
+    let t = LeaseToken::random();
+    let forever = BeginRequest {
+        takeover: false,
+        ..req(t, now_millis())
+    };
+    store.begin(&k, &forever).await.unwrap();
+    let (swaps, renewals) = (store.completes_without_script(), store.renewals_without_script());
+    store.renew(&k, t, now_millis() + 30_000).await.unwrap();
+    assert_eq!(store.renewals_without_script(), renewals);
+    store
+        .complete(&k, t, response(), 60_000, now_millis())
+        .await
+        .unwrap();
+    assert_eq!(store.completes_without_script() - swaps, 1);
     store.purge(&k).await.unwrap();
 }
 
@@ -273,6 +298,12 @@ async fn the_record_left_is_the_scripts_byte_for_byte() {
     }
     assert_eq!(valkey.round_trips() - trips, 4, "one command per step on Valkey");
     assert_eq!(valkey.completes_without_script() - swaps, 1);
+    assert_eq!(valkey.renewals_without_script(), 2);
+    assert_eq!(
+        (redis.completes_without_script(), redis.renewals_without_script()),
+        (0, 0),
+        "the server at IDEMGATE_TEST_REDIS_URL ran the scripts"
+    );
     for store in [&valkey, &redis] {
         store.purge(&k).await.unwrap();
     }

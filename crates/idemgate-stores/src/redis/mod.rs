@@ -15,8 +15,9 @@
 //! `purge` are Lua scripts (the `.lua` files beside this one) that mirror the rules line by line,
 //! fencing token included; the conformance suite and the model test hold the store to the same
 //! answers as the Rust rules. On a server that takes `SET … IFEQ` (Valkey 8.1+, Redis 8.4+),
-//! `complete` first tries to replace the exact value this replica's `begin` wrote, with no script
-//! (`written.rs`); any other value leaves that `SET` without effect and the script decides. A miss
+//! `complete` and `renew` first try to replace the exact value this replica last wrote (its
+//! `begin` or its last renewal), with no script (`written.rs`); any other value leaves that `SET`
+//! without effect and the script decides. A miss
 //! costs two round trips (`SET`, `complete`), a replay one (on a server with `IFEQ`, three when a
 //! waiter marked the record in between: the `SET` that finds it changed, then the script).
 //!
@@ -44,7 +45,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use idemgate_core::notify::Notifier;
-use idemgate_core::record::{LeaseToken, Millis, Record, RecordState, StoredResponse, now_millis};
+use idemgate_core::record::{LeaseToken, Millis, Record, RecordState, StoredResponse};
 use idemgate_core::rules::{self, Begin, BeginRequest, Write};
 use idemgate_core::store::{Store, StoreError};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -120,6 +121,8 @@ pub struct RedisStore {
     written: Written,
     round_trips: AtomicU64,
     swapped: AtomicU64,
+    /// Renewals made by `SET … IFEQ`, without the `renew` script.
+    renewed: AtomicU64,
     subscriber: tokio::task::JoinHandle<()>,
 }
 
@@ -172,6 +175,7 @@ impl RedisStore {
             written: Written::default(),
             round_trips: AtomicU64::new(0),
             swapped: AtomicU64::new(0),
+            renewed: AtomicU64::new(0),
             subscriber,
         })
     }
@@ -186,6 +190,12 @@ impl RedisStore {
     #[must_use]
     pub fn completes_without_script(&self) -> u64 {
         self.swapped.load(Ordering::Relaxed)
+    }
+
+    /// `renew`s done by `SET … IFEQ` rather than the script, for measuring.
+    #[must_use]
+    pub fn renewals_without_script(&self) -> u64 {
+        self.renewed.load(Ordering::Relaxed)
     }
 
     /// The Redis key of a record.
@@ -346,7 +356,7 @@ impl RedisStore {
         match e {
             StoreError::Backend(e) if !retryable(&*e) => {
                 if generic_error(&*e) {
-                    tracing::info!(error = %e, "redis refused SET IFEQ; {command} uses its script");
+                    tracing::info!(error = %e, "redis refused SET IFEQ (to {command}); complete and renew use their scripts");
                     self.written.refuse();
                 }
                 Ok(())
@@ -539,7 +549,7 @@ impl Store for RedisStore {
         let (exp, px) = (Decimal::new(expires_at), pexpireat(expires_at));
         let body = encode_response(&response);
         let deadline = self.deadline();
-        // The record as this replica's `begin` wrote it, unless that has expired (the script
+        // The record as this replica last wrote it, unless that has expired (the script
         // fences that) or the server refuses `IFEQ`.
         if let Some(flight) = self.written.take(token)
             && now < flight.expires_at
@@ -551,8 +561,8 @@ impl Store for RedisStore {
                     self.swapped.fetch_add(1, Ordering::Relaxed);
                     return Ok(());
                 }
-                // Changed since (a waiter, another replica's renewal, a new owner), gone, or
-                // already completed by an earlier try of this call: the script decides.
+                // Changed since (a waiter, a renewal of this attempt by the script, a new owner),
+                // gone, or already completed by an earlier try of this call: the script decides.
                 Ok(false) => {}
                 Err(e) => self.ifeq_failed(e, "complete")?,
             }
@@ -586,38 +596,35 @@ impl Store for RedisStore {
         let until = Decimal::new(lease_until);
         let deadline = self.deadline();
         // The record as this replica last wrote it: the script's change as one compare-and-set,
-        // and the new value kept for the next renewal and the `complete`.
-        if let Some(flight) = self.written.take(token)
-            && !self.written.refused()
+        // and the new value kept for the next renewal and the `complete`. Copied, not taken:
+        // this attempt's `complete` may take it meanwhile (the gateway renews while it retries
+        // a `complete`), and then nothing is kept again for a finished attempt. A renewal that
+        // would not lengthen the lease (renewals may overlap or land late) changes nothing in
+        // the script either, but only the script can tell whether the lease is lost.
+        if !self.written.refused()
+            && let Some(flight) = self.written.peek(token)
+            && lease_until > flight.lease_until
         {
-            if lease_until <= flight.lease_until {
-                // Nothing to lengthen (renewals may overlap or land late): the script changes
-                // nothing either, but only it can tell whether the lease is lost.
-                self.written.keep(token, flight, now_millis());
-            } else {
-                let past_expiry = lease_until > flight.expires_at;
-                let renewed = layout::renewed(&flight.value, until.padded(), past_expiry);
-                // As the script: a new physical expiry only with a new logical one (and never
-                // for a record that never expires, `pexpireat` 0).
-                let ttl = Some(pexpireat(lease_until)).filter(|at| past_expiry && *at != 0);
-                match self.set_ifeq(deadline, key, &renewed, &flight.value, ttl).await {
-                    Ok(true) => {
-                        // A `complete` of this attempt running meanwhile found nothing kept and
-                        // took the script; the value kept here then waits until a full map
-                        // drops it with the other lapsed leases.
-                        let kept = Kept {
-                            value: renewed,
-                            expires_at: flight.expires_at.max(lease_until),
-                            lease_until,
-                        };
-                        self.written.keep(token, kept, now_millis());
-                        return Ok(());
-                    }
-                    // Changed since (a waiter, a new owner), gone, or completed: the script
-                    // decides.
-                    Ok(false) => {}
-                    Err(e) => self.ifeq_failed(e, "renew")?,
+            let past_expiry = lease_until > flight.expires_at;
+            let renewed = layout::renewed(&flight.value, until.padded(), past_expiry);
+            // As the script: a new physical expiry only with a new logical one, and none for a
+            // record that never expires (`pexpireat` 0).
+            let ttl = Some(pexpireat(lease_until)).filter(|at| past_expiry && *at != 0);
+            match self.set_ifeq(deadline, key, &renewed, &flight.value, ttl).await {
+                Ok(true) => {
+                    let kept = Kept {
+                        value: renewed,
+                        expires_at: flight.expires_at.max(lease_until),
+                        lease_until,
+                    };
+                    self.written.replace(token, &flight.value, Some(kept));
+                    self.renewed.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
                 }
+                // Changed since (a waiter, a new owner), gone, or completed: what is kept is no
+                // longer the record, and the script decides.
+                Ok(false) => self.written.replace(token, &flight.value, None),
+                Err(e) => self.ifeq_failed(e, "renew")?,
             }
         }
         let token = token_bytes(token);

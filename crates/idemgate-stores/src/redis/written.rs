@@ -19,15 +19,16 @@ use std::sync::{Mutex, PoisonError};
 use idemgate_core::record::{LeaseToken, Millis};
 
 /// At most this many values are kept (one per request in flight through this replica, until it
-/// completes or releases; a renewal replaces it). When full, a `begin` first drops the values of its
-/// shard whose lease has run out (an execution abandoned without `complete` or `release`, which a
-/// library caller may do); if that frees nothing it keeps nothing, and its `complete` takes the
-/// script.
+/// completes or releases; a renewal replaces it, or forgets it when the record has changed).
+/// When full, a `begin` first drops the values of its shard whose lease has run out (an execution
+/// abandoned without `complete` or `release`, which a library caller may do); if that frees
+/// nothing it keeps nothing, and its `complete` takes the script.
 const MAX_KEPT: usize = 65_536;
 const SHARDS: usize = 16;
 
-/// A value `begin` wrote, and the record's logical expiry and lease end in it.
-#[derive(Debug)]
+/// A value this replica wrote (its `begin` or its last renewal), and the record's logical expiry
+/// and lease end in it.
+#[derive(Clone, Debug)]
 pub struct Kept {
     pub value: Vec<u8>,
     pub expires_at: Millis,
@@ -80,8 +81,8 @@ impl Written {
         }
     }
 
-    /// Takes the value kept for `token`: for `complete` or `renew` (which keeps the value it
-    /// wrote), or to forget it when the record changes through this replica (a release).
+    /// Takes the value kept for `token`: for `complete`, or to forget it when the record changes
+    /// through this replica (a release).
     pub fn take(&self, token: LeaseToken) -> Option<Kept> {
         let kept = self
             .shard(token)
@@ -92,6 +93,37 @@ impl Written {
             self.kept.fetch_sub(1, Ordering::Relaxed);
         }
         kept
+    }
+
+    /// A copy of the value kept for `token`, left in place: for `renew`, which may be overtaken
+    /// by this attempt's `complete` or `release` while its `SET` is under way (see
+    /// [`Written::replace`]).
+    pub fn peek(&self, token: LeaseToken) -> Option<Kept> {
+        self.shard(token)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&token.0)
+            .cloned()
+    }
+
+    /// Replaces the value kept for `token` with `new` (or forgets it, `None`), but only if it
+    /// is still `old`: a `complete` or `release` that took it meanwhile leaves nothing to
+    /// replace, so nothing stays behind for a finished attempt.
+    pub fn replace(&self, token: LeaseToken, old: &[u8], new: Option<Kept>) {
+        let mut shard = self.shard(token).lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(kept) = shard.get_mut(&token.0) else {
+            return;
+        };
+        if kept.value != old {
+            return;
+        }
+        match new {
+            Some(new) => *kept = new,
+            None => {
+                shard.remove(&token.0);
+                self.kept.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Whether the server refused `IFEQ`.
@@ -137,6 +169,32 @@ mod tests {
         assert_eq!(w.take(LeaseToken(7)).unwrap().value, [1]);
         assert!(w.take(LeaseToken(7)).is_none());
         assert_eq!(w.len(), 1);
+    }
+
+    /// A renewal replaces the value it compared, or forgets it, only while that value is still
+    /// kept: not once a `complete` took it, nor when something else replaced it.
+    #[test]
+    fn a_renewal_replaces_only_the_value_it_compared() {
+        let w = Written::default();
+        let t = LeaseToken(7);
+        w.keep(t, kept(1), 10);
+        assert_eq!(w.peek(t).unwrap().value, [1], "a peek leaves it");
+        w.replace(t, &[9], Some(kept(2)));
+        assert_eq!(w.peek(t).unwrap().value, [1], "another value: left alone");
+        w.replace(t, &[1], Some(kept(2)));
+        assert_eq!(w.peek(t).unwrap().value, [2]);
+        assert_eq!(w.len(), 1);
+        w.replace(t, &[2], None);
+        assert!(w.peek(t).is_none());
+        assert_eq!(w.len(), 0);
+
+        // Taken by a `complete` while the renewal's SET was under way: nothing comes back.
+        w.keep(t, kept(3), 10);
+        let compared = w.peek(t).unwrap().value;
+        assert_eq!(w.take(t).unwrap().value, [3]);
+        w.replace(t, &compared, Some(kept(4)));
+        assert!(w.peek(t).is_none());
+        assert_eq!(w.len(), 0);
     }
 
     #[test]
