@@ -91,14 +91,7 @@ async fn a_changed_record_is_left_to_the_script() {
     let swaps = a.completes_without_script();
 
     // Marked by a waiter on another replica: completed by the script, which publishes.
-    let k = key("ifeq-waited");
-    let t = LeaseToken::random();
-    a.begin(&k, &req(t, now_millis())).await.unwrap();
-    let waiting = b
-        .begin(&k, &req(LeaseToken::random(), now_millis()))
-        .await
-        .unwrap();
-    assert!(matches!(waiting, Begin::InFlight { .. }), "{waiting:?}");
+    let (k, t) = waited_on(&a, &b, "ifeq-waited").await;
     let trips = a.round_trips();
     a.complete(&k, t, response(), 60_000, now_millis()).await.unwrap();
     assert_eq!(
@@ -114,14 +107,7 @@ async fn a_changed_record_is_left_to_the_script() {
 
     // Marked by a waiter, then renewed: the renewal's SET finds it changed and the script renews
     // it, keeping the mark; the complete then has nothing kept and goes to the script alone.
-    let k = key("ifeq-waited-renewed");
-    let t = LeaseToken::random();
-    a.begin(&k, &req(t, now_millis())).await.unwrap();
-    let waiting = b
-        .begin(&k, &req(LeaseToken::random(), now_millis()))
-        .await
-        .unwrap();
-    assert!(matches!(waiting, Begin::InFlight { .. }), "{waiting:?}");
+    let (k, t) = waited_on(&a, &b, "ifeq-waited-renewed").await;
     let (trips, renewals) = (a.round_trips(), a.renewals_without_script());
     a.renew(&k, t, now_millis() + 45_000).await.unwrap();
     assert_eq!(
@@ -307,6 +293,20 @@ async fn the_record_left_is_the_scripts_byte_for_byte() {
     for store in [&valkey, &redis] {
         store.purge(&k).await.unwrap();
     }
+}
+
+/// A key `a` took (its key and token), which a `begin` on `b` found in flight and so marked as
+/// waited on: the record is no longer the value `a` wrote.
+async fn waited_on(a: &RedisStore, b: &RedisStore, name: &str) -> (String, LeaseToken) {
+    let k = key(name);
+    let t = LeaseToken::random();
+    a.begin(&k, &req(t, now_millis())).await.unwrap();
+    let waiting = b
+        .begin(&k, &req(LeaseToken::random(), now_millis()))
+        .await
+        .unwrap();
+    assert!(matches!(waiting, Begin::InFlight { .. }), "{waiting:?}");
+    (k, t)
 }
 
 /// The raw value of `k` on the server at `$var` and its `PEXPIRETIME`.
