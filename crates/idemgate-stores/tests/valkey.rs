@@ -10,7 +10,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemgate_core::record::{RecordState, now_millis};
+use idemgate_core::record::{Millis, RecordState, now_millis};
 use idemgate_core::{Begin, BeginRequest, LeaseToken, Store, StoreError};
 use idemgate_stores::RedisStore;
 
@@ -203,18 +203,36 @@ async fn renewals_keep_the_path() {
     assert!(matches!(other, Err(StoreError::Fenced(_))), "{other:?}");
     store.purge(&k).await.unwrap();
 
-    // `on_lease_expiry: fail`: the lease never ends, so no renewal lengthens it; the script
-    // answers, and the kept value still serves the `complete`.
+    // `on_lease_expiry: fail`: the record never expires, but its lease does (the owner renews
+    // it). A renewal that lengthens the lease is one `SET … KEEPTTL`, which leaves the record
+    // without a physical expiry; one that does not goes to the script, as above. (Before: this
+    // case renewed to "now + 30 s" from a later clock reading than the `begin`'s, so whether it
+    // lengthened the lease depended on the millisecond, and the test failed one run in four.)
     let k = key("ifeq-renew-forever");
     let t = LeaseToken::random();
+    let start = now_millis();
     let forever = BeginRequest {
         takeover: false,
-        ..req(t, now_millis())
+        ..req(t, start)
     };
     store.begin(&k, &forever).await.unwrap();
     let (swaps, renewals) = (store.completes_without_script(), store.renewals_without_script());
-    store.renew(&k, t, now_millis() + 30_000).await.unwrap();
-    assert_eq!(store.renewals_without_script(), renewals);
+    store.renew(&k, t, start + 45_000).await.unwrap();
+    assert_eq!(store.renewals_without_script() - renewals, 1);
+    store.renew(&k, t, start + 30_000).await.unwrap();
+    assert_eq!(
+        store.renewals_without_script() - renewals,
+        1,
+        "a shorter lease goes to the script"
+    );
+    let rec = store.get(&k, now_millis()).await.unwrap().expect("in flight");
+    assert!(
+        matches!(rec.state, RecordState::InFlight { lease_until, .. } if lease_until == start + 45_000),
+        "{rec:?}"
+    );
+    assert_eq!(rec.expires_at, Millis::MAX, "still never expires");
+    let (_, expiry) = left_by(&store, "IDEMGATE_TEST_VALKEY_URL", &k).await;
+    assert_eq!(expiry, -1, "no physical expiry either");
     store
         .complete(&k, t, response(), 60_000, now_millis())
         .await
@@ -259,40 +277,57 @@ async fn the_record_left_is_the_scripts_byte_for_byte() {
     let (Some(valkey), Some(redis)) = (open().await, support::redis_store("IDEMGATE_TEST_REDIS_URL")) else {
         return;
     };
-    let k = key("ifeq-bytes");
-    let t = LeaseToken::random();
-    let now = now_millis();
     let swaps = valkey.completes_without_script();
     let trips = valkey.round_trips();
     // After each step, the two servers hold the same value with the same physical expiry: after
     // the begin, a renewal inside the record's expiry (`KEEPTTL`), one past it (`PXAT`, the
-    // expiry moves with the lease), and the complete.
+    // expiry moves with the lease), and the complete. Without takeover (`on_lease_expiry:
+    // fail`) the record has no expiry until it completes, and no renewal passes it.
     let steps = ["begin", "renew within", "renew past", "complete"];
-    for step in steps {
-        for store in [&valkey, &redis] {
-            match step {
-                "begin" => drop(store.begin(&k, &req(t, now)).await.unwrap()),
-                "renew within" => store.renew(&k, t, now + 45_000).await.unwrap(),
-                "renew past" => store.renew(&k, t, now + 70_000).await.unwrap(),
-                _ => store.complete(&k, t, response(), 60_000, now + 5).await.unwrap(),
+    for takeover in [true, false] {
+        let k = key("ifeq-bytes");
+        let t = LeaseToken::random();
+        let now = now_millis();
+        let begin = BeginRequest {
+            takeover,
+            ..req(t, now)
+        };
+        for step in steps {
+            for store in [&valkey, &redis] {
+                match step {
+                    "begin" => drop(store.begin(&k, &begin).await.unwrap()),
+                    "renew within" => store.renew(&k, t, now + 45_000).await.unwrap(),
+                    "renew past" => store.renew(&k, t, now + 70_000).await.unwrap(),
+                    _ => store.complete(&k, t, response(), 60_000, now + 5).await.unwrap(),
+                }
             }
+            let valkey_left = left_by(&valkey, "IDEMGATE_TEST_VALKEY_URL", &k).await;
+            let redis_left = left_by(&redis, "IDEMGATE_TEST_REDIS_URL", &k).await;
+            assert_eq!(valkey_left, redis_left, "after {step}, takeover {takeover}");
+            let expires = takeover || step == "complete";
+            assert_eq!(
+                valkey_left.1 > 0,
+                expires,
+                "expiry after {step}, takeover {takeover}: {}",
+                valkey_left.1
+            );
         }
-        let valkey_left = left_by(&valkey, "IDEMGATE_TEST_VALKEY_URL", &k).await;
-        let redis_left = left_by(&redis, "IDEMGATE_TEST_REDIS_URL", &k).await;
-        assert_eq!(valkey_left, redis_left, "after {step}");
-        assert!(valkey_left.1 > 0, "the record expires, after {step}");
+        for store in [&valkey, &redis] {
+            store.purge(&k).await.unwrap();
+        }
     }
-    assert_eq!(valkey.round_trips() - trips, 4, "one command per step on Valkey");
-    assert_eq!(valkey.completes_without_script() - swaps, 1);
-    assert_eq!(valkey.renewals_without_script(), 2);
+    assert_eq!(
+        valkey.round_trips() - trips,
+        8 + 2,
+        "one command per step on Valkey, and the purges"
+    );
+    assert_eq!(valkey.completes_without_script() - swaps, 2);
+    assert_eq!(valkey.renewals_without_script(), 4);
     assert_eq!(
         (redis.completes_without_script(), redis.renewals_without_script()),
         (0, 0),
         "the server at IDEMGATE_TEST_REDIS_URL ran the scripts"
     );
-    for store in [&valkey, &redis] {
-        store.purge(&k).await.unwrap();
-    }
 }
 
 /// A key `a` took (its key and token), which a `begin` on `b` found in flight and so marked as
