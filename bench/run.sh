@@ -52,6 +52,7 @@ RATE_FRACTION="${BENCH_RATE_FRACTION:-0.5}"
 # Open-loop pairs (idemgate, then nginx at the same rate) per store; the report takes each side's
 # median p99. One pair let a single stall of 10-20 ms decide the p99 target (2026-11-26, night).
 RATE_REPEAT="${BENCH_RATE_REPEAT:-$REPEAT}"
+FLUSH_SECONDS="${BENCH_FLUSH_SECONDS:-10}"  # bench/flush_probe.py before a durable store's open-loop rows (0: none)
 STORM_N="${BENCH_STORM_N:-1000}"
 STORM_DELAY_MS="${BENCH_STORM_DELAY_MS:-200}"
 REDIS_URL="${BENCH_REDIS_URL:-redis://127.0.0.1:6379/15}"
@@ -117,6 +118,7 @@ GROWTH_S="$(duration_secs "$GROWTH_DURATION")"
 [[ "$CONNS" =~ ^[0-9]+$ ]] || die "BENCH_CONNECTIONS must be a number"
 [[ "$REPEAT" =~ ^[1-9][0-9]*$ ]] || die "BENCH_REPEAT must be a positive number"
 [[ "$RATE_REPEAT" =~ ^[1-9][0-9]*$ ]] || die "BENCH_RATE_REPEAT must be a positive number"
+[[ "$FLUSH_SECONDS" =~ ^[0-9]+$ ]] || die "BENCH_FLUSH_SECONDS must be a number of seconds (0: no probe)"
 [[ "$SPREAD_PCT" =~ ^[0-9]+$ && "$EXTRA" =~ ^[0-9]+$ ]] || die "BENCH_SPREAD_PCT and BENCH_EXTRA_RUNS must be whole numbers"
 for s in ${STORES//,/ }; do
   case "$s" in memory|embedded|redis|postgres) ;; *) die "unknown store '$s' in BENCH_STORES" ;; esac
@@ -767,6 +769,31 @@ for peer in $NODE_PEERS; do
 done
 
 # idemgate, one store at a time
+# The disk's own flushes, before the open-loop rows of a durable store: their p99 waits on every
+# slow fdatasync, which nginx's never does, so the report says what the disk did by itself
+# (bench/flush_probe.py). In the embedded store's directory; PostgreSQL's data directory is named
+# as on the same device or not (only a server on this machine can say).
+FLUSH="" FLUSH_WHERE=""
+if [[ "$FLUSH_SECONDS" != 0 ]] && has "$SCENARIOS" rate && { has "$STORES" embedded || has "$STORES" postgres; }; then
+  log "disk flushes: bench/flush_probe.py for ${FLUSH_SECONDS} s in $WORK"
+  FLUSH="$(python3 bench/flush_probe.py "$WORK" "$FLUSH_SECONDS" | grep '^FLUSH ' || true)"
+  [[ -n "$FLUSH" ]] || die "bench/flush_probe.py printed nothing"
+  log "$FLUSH"
+  FLUSH_WHERE="$(df --output=source "$WORK" | tail -n1)"
+  if has "$STORES" postgres; then
+    pgdata="$(timeout 30 psql -Atq "$PG_URL" -c 'show data_directory' 2>/dev/null || true)"
+    if [[ -n "$pgdata" && -d "$pgdata" ]]; then
+      if [[ "$(stat -c %d "$pgdata")" == "$(stat -c %d "$WORK")" ]]; then
+        FLUSH_WHERE+="; PostgreSQL's data directory is on the same device"
+      else
+        FLUSH_WHERE+="; PostgreSQL's data directory is on $(df --output=source "$pgdata" | tail -n1), not probed"
+      fi
+    else
+      FLUSH_WHERE+="; PostgreSQL's data directory is not on this machine's file system, not probed"
+    fi
+  fi
+fi
+
 PER_STORE=""
 for s in passthrough miss replay mixed storm rate; do if has "$SCENARIOS" "$s"; then PER_STORE=1; fi; done
 for store in ${PER_STORE:+${STORES//,/ }}; do
@@ -887,7 +914,7 @@ fi
 cmd="bench/run.sh"
 for v in BENCH_QUICK BENCH_STORES BENCH_SCENARIOS BENCH_PEERS BENCH_PEERS_ONLY BENCH_DURATION BENCH_WARMUP BENCH_RATE_DURATION \
          BENCH_RATE_FRACTION BENCH_RATE_REPEAT BENCH_CONNECTIONS BENCH_REPEAT BENCH_GROWTH BENCH_GROWTH_STORES BENCH_GROWTH_DURATION \
-         BENCH_GROWTH_BUDGET BENCH_STORM_N BENCH_STORM_DELAY_MS BENCH_REDIS_URL BENCH_PG_URL BENCH_PIN BENCH_LOADGEN_CPUS \
+         BENCH_GROWTH_BUDGET BENCH_FLUSH_SECONDS BENCH_STORM_N BENCH_STORM_DELAY_MS BENCH_REDIS_URL BENCH_PG_URL BENCH_PIN BENCH_LOADGEN_CPUS \
          BENCH_UPSTREAM_CPUS BENCH_SUT_CPUS BENCH_NOISE_PCT BENCH_IDEMGATE_LOG BENCH_IDEMGATE_PRELOAD BENCH_PROFILE \
          BENCH_NODE_DIR BENCH_PGO BENCH_PGO_STORES BENCH_PAIRS_ROUNDS BENCH_PAIRS_SECONDS IDEMGATE_BIN CARGO_TARGET_DIR; do
   if [[ -n "${!v:-}" ]]; then cmd="$v=${!v} $cmd"; fi
@@ -911,6 +938,7 @@ meta preload "$GW_PRELOAD"
 meta binmtime "$( [[ -n "${IDEMGATE:-}" ]] && date -u -r "$IDEMGATE" '+%Y-%m-%d %H:%M UTC' || true)"
 meta redis "${REDIS_CONF:-}"; meta redis_url "$REDIS_URL"
 meta postgres "${PG_CONF:-}"; meta pg_url "$PG_URL"
+meta flush "$FLUSH"; meta flush_where "$FLUSH_WHERE"; meta flush_seconds "$FLUSH_SECONDS"
 meta node "${NODE_VERSIONS:-}"
 meta loadavg "$(cut -d' ' -f1-3 /proc/loadavg)"
 

@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""The disk's own flush latency: what a durable store's commit waits for at the least.
+
+    bench/flush_probe.py DIR SECONDS [PER_SECOND]
+
+Writes 8 KiB and calls fdatasync, PER_SECOND times a second (default 2000, about the commits of
+a durable store's open-loop row at half load) for SECONDS, in a file of its own under DIR (removed
+after), and prints one line:
+
+    FLUSH n=... per_s=... p50_us=... p99_us=... p999_us=... max_us=... over10ms=... over50ms=...
+
+Why: a commit waits for its flush, and every commit queued behind a slow flush waits for it too,
+so a disk whose flushes stall for tens or hundreds of milliseconds puts those stalls in the p99 of
+every durable store (embedded, PostgreSQL) and in none of nginx's. bench/run.sh runs this before
+the open-loop rows of a durable store so the report can say what the disk itself did.
+"""
+import os
+import sys
+import time
+
+
+def main() -> int:
+    if len(sys.argv) not in (3, 4):
+        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        return 64
+    directory, seconds = sys.argv[1], float(sys.argv[2])
+    per_second = float(sys.argv[3]) if len(sys.argv) == 4 else 2000.0
+    path = os.path.join(directory, f".flush-probe-{os.getpid()}")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    block = b"\0" * 8192
+    latencies = []
+    try:
+        start = time.perf_counter()
+        i = 0
+        while True:
+            due = start + i / per_second
+            now = time.perf_counter()
+            if now - start >= seconds:
+                break
+            if due > now:
+                time.sleep(due - now)
+            # A WAL-like pattern: overwrite a small ring of blocks, one data sync each.
+            os.pwrite(fd, block, (i % 128) * 8192)
+            t = time.perf_counter()
+            os.fdatasync(fd)
+            latencies.append(time.perf_counter() - t)
+            i += 1
+        elapsed = time.perf_counter() - start
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    latencies.sort()
+    n = len(latencies)
+
+    def q(p: float) -> int:
+        return round(latencies[min(n - 1, int(p * n))] * 1e6)
+
+    print(
+        f"FLUSH n={n} per_s={n / elapsed:.0f} p50_us={q(0.5)} p99_us={q(0.99)} p999_us={q(0.999)} "
+        f"max_us={round(latencies[-1] * 1e6)} over10ms={sum(x > 0.01 for x in latencies)} "
+        f"over50ms={sum(x > 0.05 for x in latencies)}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
