@@ -9,11 +9,17 @@ after), and prints one line:
 
     FLUSH n=... per_s=... p50_us=... p99_us=... p999_us=... max_us=... over10ms=... over50ms=...
 
+Each flush is timed from its own start, not from its slot in the schedule: one stall is one slow
+sample however many flushes it delays, so the maximum and the counts over 10 and 50 ms show a
+stall, the percentiles do not. A calm probe rules nothing out: the stalls come and go, and the
+probe runs in a window of its own (during the rows it would load the disk they measure).
+
 Why: a commit waits for its flush, and every commit queued behind a slow flush waits for it too,
 so a disk whose flushes stall for tens or hundreds of milliseconds puts those stalls in the p99 of
 every durable store (embedded, PostgreSQL) and in none of nginx's. bench/run.sh runs this before
 the open-loop rows of a durable store so the report can say what the disk itself did.
 """
+import math
 import os
 import sys
 import time
@@ -25,18 +31,19 @@ def main() -> int:
         return 64
     directory, seconds = sys.argv[1], float(sys.argv[2])
     per_second = float(sys.argv[3]) if len(sys.argv) == 4 else 2000.0
+    if seconds <= 0 or per_second <= 0:
+        print("flush_probe: SECONDS and PER_SECOND must be over 0", file=sys.stderr)
+        return 64
+    count = max(1, round(seconds * per_second))
     path = os.path.join(directory, f".flush-probe-{os.getpid()}")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     block = b"\0" * 8192
     latencies = []
     try:
         start = time.perf_counter()
-        i = 0
-        while True:
+        for i in range(count):
             due = start + i / per_second
             now = time.perf_counter()
-            if now - start >= seconds:
-                break
             if due > now:
                 time.sleep(due - now)
             # A WAL-like pattern: overwrite a small ring of blocks, one data sync each.
@@ -44,7 +51,6 @@ def main() -> int:
             t = time.perf_counter()
             os.fdatasync(fd)
             latencies.append(time.perf_counter() - t)
-            i += 1
         elapsed = time.perf_counter() - start
     finally:
         os.close(fd)
@@ -53,7 +59,8 @@ def main() -> int:
     n = len(latencies)
 
     def q(p: float) -> int:
-        return round(latencies[min(n - 1, int(p * n))] * 1e6)
+        # Nearest rank: the smallest value with at least p of the samples at or below it.
+        return round(latencies[max(0, math.ceil(p * n) - 1)] * 1e6)
 
     print(
         f"FLUSH n={n} per_s={n / elapsed:.0f} p50_us={q(0.5)} p99_us={q(0.99)} p999_us={q(0.999)} "

@@ -118,7 +118,7 @@ GROWTH_S="$(duration_secs "$GROWTH_DURATION")"
 [[ "$CONNS" =~ ^[0-9]+$ ]] || die "BENCH_CONNECTIONS must be a number"
 [[ "$REPEAT" =~ ^[1-9][0-9]*$ ]] || die "BENCH_REPEAT must be a positive number"
 [[ "$RATE_REPEAT" =~ ^[1-9][0-9]*$ ]] || die "BENCH_RATE_REPEAT must be a positive number"
-[[ "$FLUSH_SECONDS" =~ ^[0-9]+$ ]] || die "BENCH_FLUSH_SECONDS must be a number of seconds (0: no probe)"
+[[ "$FLUSH_SECONDS" =~ ^[0-9]+$ ]] && FLUSH_SECONDS=$((10#$FLUSH_SECONDS)) || die "BENCH_FLUSH_SECONDS must be a number of seconds (0: no probe)"
 [[ "$SPREAD_PCT" =~ ^[0-9]+$ && "$EXTRA" =~ ^[0-9]+$ ]] || die "BENCH_SPREAD_PCT and BENCH_EXTRA_RUNS must be whole numbers"
 for s in ${STORES//,/ }; do
   case "$s" in memory|embedded|redis|postgres) ;; *) die "unknown store '$s' in BENCH_STORES" ;; esac
@@ -769,30 +769,37 @@ for peer in $NODE_PEERS; do
 done
 
 # idemgate, one store at a time
-# The disk's own flushes, before the open-loop rows of a durable store: their p99 waits on every
-# slow fdatasync, which nginx's never does, so the report says what the disk did by itself
-# (bench/flush_probe.py). In the embedded store's directory; PostgreSQL's data directory is named
-# as on the same device or not (only a server on this machine can say).
-FLUSH="" FLUSH_WHERE=""
-if [[ "$FLUSH_SECONDS" != 0 ]] && has "$SCENARIOS" rate && { has "$STORES" embedded || has "$STORES" postgres; }; then
-  log "disk flushes: bench/flush_probe.py for ${FLUSH_SECONDS} s in $WORK"
-  FLUSH="$(python3 bench/flush_probe.py "$WORK" "$FLUSH_SECONDS" | grep '^FLUSH ' || true)"
-  [[ -n "$FLUSH" ]] || die "bench/flush_probe.py printed nothing"
-  log "$FLUSH"
-  FLUSH_WHERE="$(df --output=source "$WORK" | tail -n1)"
-  if has "$STORES" postgres; then
+# flush_probe STORE: the disk's own flushes, right before a durable store's open-loop rows, as
+# run metadata (flush_STORE, flush_where_STORE). Their p99 waits on every slow fdatasync, which
+# nginx's never does, so the report says what the disk did by itself (bench/flush_probe.py). In the
+# embedded store's directory; for PostgreSQL, whether its data directory is on that device (only a
+# server on this machine, and a role allowed to read the setting, can say). A probe that fails is
+# logged and left out; the rows are measured all the same.
+flush_probe() {
+  local store="$1" line where pgdata
+  log "disk flushes before the open-loop rows of $store: bench/flush_probe.py for ${FLUSH_SECONDS} s in $WORK"
+  line="$(python3 "$REPO/bench/flush_probe.py" "$WORK" "$FLUSH_SECONDS" 2>"$WORK/flush-probe.err" | grep '^FLUSH ' || true)"
+  if [[ -z "$line" ]]; then
+    log "disk flushes: the probe failed ($(tail -n1 "$WORK/flush-probe.err")); left out of the report"
+    return 0
+  fi
+  log "$line"
+  where="$(df --output=source "$WORK" | tail -n1) ($(stat -f -c %T "$WORK"))"
+  if [[ "$store" == postgres ]]; then
     pgdata="$(timeout 30 psql -Atq "$PG_URL" -c 'show data_directory' 2>/dev/null || true)"
-    if [[ -n "$pgdata" && -d "$pgdata" ]]; then
-      if [[ "$(stat -c %d "$pgdata")" == "$(stat -c %d "$WORK")" ]]; then
-        FLUSH_WHERE+="; PostgreSQL's data directory is on the same device"
-      else
-        FLUSH_WHERE+="; PostgreSQL's data directory is on $(df --output=source "$pgdata" | tail -n1), not probed"
-      fi
+    if [[ -z "$pgdata" ]]; then
+      where+="; where PostgreSQL's data directory is could not be read (not probed)"
+    elif [[ ! -d "$pgdata" ]]; then
+      where+="; PostgreSQL's data directory is not on this machine (not probed)"
+    elif [[ "$(stat -c %d "$pgdata")" == "$(stat -c %d "$WORK")" ]]; then
+      where+="; PostgreSQL's data directory is on the same device"
     else
-      FLUSH_WHERE+="; PostgreSQL's data directory is not on this machine's file system, not probed"
+      where+="; PostgreSQL's data directory is on $(df --output=source "$pgdata" | tail -n1) (not probed)"
     fi
   fi
-fi
+  meta "flush_$store" "$line"
+  meta "flush_where_$store" "$where"
+}
 
 PER_STORE=""
 for s in passthrough miss replay mixed storm rate; do if has "$SCENARIOS" "$s"; then PER_STORE=1; fi; done
@@ -812,6 +819,7 @@ for store in ${PER_STORE:+${STORES//,/ }}; do
   if has "$SCENARIOS" rate; then
     if [[ "${MISS_PEAK%.*}" -gt 0 ]]; then
       rate="$(awk -v p="$MISS_PEAK" -v f="$RATE_FRACTION" 'BEGIN { printf "%d", p * f }')"
+      if ((FLUSH_SECONDS > 0)) && [[ "$store" == embedded || "$store" == postgres ]]; then flush_probe "$store"; fi
       for ((i = 1; i <= RATE_REPEAT; i++)); do
         rate_row "$store" "$target" $GW_PORT miss "$GW_PID" "$rate"
         rate_row "$store" "nginx proxy_pass" $PROXY_PORT passthrough "$PROXY_PID" "$rate"
@@ -938,7 +946,7 @@ meta preload "$GW_PRELOAD"
 meta binmtime "$( [[ -n "${IDEMGATE:-}" ]] && date -u -r "$IDEMGATE" '+%Y-%m-%d %H:%M UTC' || true)"
 meta redis "${REDIS_CONF:-}"; meta redis_url "$REDIS_URL"
 meta postgres "${PG_CONF:-}"; meta pg_url "$PG_URL"
-meta flush "$FLUSH"; meta flush_where "$FLUSH_WHERE"; meta flush_seconds "$FLUSH_SECONDS"
+meta flush_seconds "$FLUSH_SECONDS"
 meta node "${NODE_VERSIONS:-}"
 meta loadavg "$(cut -d' ' -f1-3 /proc/loadavg)"
 
