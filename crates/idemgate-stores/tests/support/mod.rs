@@ -3,7 +3,6 @@
 
 #![allow(dead_code)] // each test binary uses a different subset
 
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,103 +25,8 @@ pub fn redis_store(var: &str) -> Option<Arc<idemgate_stores::RedisStore>> {
     ))
 }
 
-/// A redis-server child on a free loopback port, with an fsync-always append-only file so a
-/// `kill -9` loses nothing acknowledged.
-pub struct RedisServer {
-    pub port: u16,
-    program: String,
-    dir: tempfile::TempDir,
-    child: Option<Child>,
-}
-
-impl RedisServer {
-    /// `None` (and a message) when redis-server is not installed.
-    pub async fn start() -> Option<Self> {
-        Self::start_program("redis-server").await
-    }
-
-    /// A Valkey server of the test's own, from `IDEMGATE_TEST_VALKEY_BIN` (`.ci/run` builds one),
-    /// or `None` (and a message).
-    pub async fn start_valkey() -> Option<Self> {
-        let Ok(program) = std::env::var("IDEMGATE_TEST_VALKEY_BIN") else {
-            println!("skipped: IDEMGATE_TEST_VALKEY_BIN not set");
-            return None;
-        };
-        Self::start_program(&program).await
-    }
-
-    async fn start_program(program: &str) -> Option<Self> {
-        if Command::new(program).arg("--version").output().is_err() {
-            println!("skipped: {program} not installed");
-            return None;
-        }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut s = Self {
-            port,
-            program: program.to_owned(),
-            dir: tempfile::tempdir().unwrap(),
-            child: None,
-        };
-        s.spawn().await;
-        Some(s)
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    async fn spawn(&mut self) {
-        self.child = Some(
-            Command::new(&self.program)
-                .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
-                .args(["--save", "", "--appendonly", "yes", "--appendfsync", "always"])
-                .arg("--dir")
-                .arg(self.dir.path())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    pub fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            c.kill().unwrap();
-            c.wait().unwrap();
-        }
-    }
-
-    pub async fn restart(&mut self) {
-        self.kill9();
-        self.spawn().await;
-    }
-
-    /// One command over a fresh connection.
-    pub async fn command(&self, args: &[&str]) {
-        let client = redis::Client::open(self.url()).unwrap();
-        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-        let mut cmd = redis::cmd(args[0]);
-        for a in &args[1..] {
-            cmd.arg(*a);
-        }
-        let _: redis::Value = cmd.query_async(&mut conn).await.unwrap();
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
+#[allow(unused_imports)] // each test binary uses a different subset, as `dead_code` above
+pub use idemgate_testkit::RedisServer;
 
 pub fn fp(n: u8) -> Fingerprint {
     Fingerprint([n; 32])

@@ -362,110 +362,8 @@ pub fn with_application_name(url: &str, name: &str) -> String {
     format!("{url}{sep}application_name={name}")
 }
 
-/// A redis-server of the test's own (never the shared one), on a loopback port, with an
-/// append-only file fsynced on every write so that `kill -9` loses nothing acknowledged.
-pub struct RedisServer {
-    pub port: u16,
-    program: String,
-    dir: tempfile::TempDir,
-    child: Option<Child>,
-}
-
-impl RedisServer {
-    /// Starts one on a free port, or `None` (test skipped) when `redis-server` is missing.
-    pub async fn start() -> Option<Self> {
-        let mut server = Self::unstarted()?;
-        server.spawn().await;
-        Some(server)
-    }
-
-    /// A Valkey server of the test's own, from `IDEMGATE_TEST_VALKEY_BIN` (`.ci/run` builds one),
-    /// or `None` (test skipped).
-    pub async fn start_valkey() -> Option<Self> {
-        let Ok(program) = std::env::var("IDEMGATE_TEST_VALKEY_BIN") else {
-            println!("skipped: IDEMGATE_TEST_VALKEY_BIN not set");
-            return None;
-        };
-        let mut server = Self::unstarted_program(&program)?;
-        server.spawn().await;
-        Some(server)
-    }
-
-    /// A server of `program` on a reserved port, not started yet.
-    fn unstarted_program(program: &str) -> Option<Self> {
-        if Command::new(program).arg("--version").output().is_err() {
-            println!("skipped: {program} not installed");
-            return None;
-        }
-        Some(Self {
-            port: free_addr().port(),
-            program: program.to_owned(),
-            dir: tempfile::tempdir().unwrap(),
-            child: None,
-        })
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    async fn spawn(&mut self) {
-        let child = Command::new(&self.program)
-            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
-            .args(["--save", "", "--appendonly", "yes", "--appendfsync", "always"])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
-        let port = self.port;
-        wait_until(Duration::from_secs(10), || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        })
-        .await;
-    }
-
-    /// SIGKILL.
-    pub fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            c.kill().unwrap();
-            c.wait().unwrap();
-        }
-    }
-
-    /// Starts it again on the same port and data directory.
-    pub async fn restart(&mut self) {
-        self.kill9();
-        self.spawn().await;
-    }
-
-    /// Sends one command and returns the raw reply.
-    pub async fn command(&self, args: &[&str]) -> String {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
-            .await
-            .unwrap();
-        let mut req = format!("*{}\r\n", args.len());
-        for a in args {
-            req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
-        }
-        s.write_all(req.as_bytes()).await.unwrap();
-        let mut buf = vec![0; 64 * 1024];
-        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
-            .await
-            .expect("redis answered")
-            .unwrap();
-        String::from_utf8_lossy(&buf[..n]).into_owned()
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
+#[allow(unused_imports)] // each test binary uses a different subset, as `dead_code` above
+pub use idemgate_testkit::RedisServer;
 
 /// A PostgreSQL session of the test's own (to terminate or inspect the gateway's connections).
 pub async fn pg_session(url: &str) -> tokio_postgres::Client {
@@ -492,18 +390,6 @@ impl Gateway {
         self.child
             .as_mut()
             .is_some_and(|c| c.try_wait().unwrap().is_none())
-    }
-}
-
-impl RedisServer {
-    /// A server on a reserved port, not started yet (for "the store is down at start").
-    pub fn unstarted() -> Option<Self> {
-        Self::unstarted_program("redis-server")
-    }
-
-    /// Starts an [`RedisServer::unstarted`] server.
-    pub async fn up(&mut self) {
-        self.spawn().await;
     }
 }
 
@@ -594,13 +480,6 @@ impl Gateway {
 impl Gateway {
     /// The process id while it runs (after [`Gateway::kill9`] there is none; `restart` starts
     /// a killed gateway again on the same address and files).
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-}
-
-impl RedisServer {
-    /// The process id while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
