@@ -3,11 +3,14 @@
 
     bench/flush_probe.py DIR SECONDS [PER_SECOND]
 
-Writes 8 KiB and calls fdatasync, PER_SECOND times a second (default 2000, about the commits of
-a durable store's open-loop row at half load) for SECONDS, in a file of its own under DIR (removed
-after), and prints one line:
+Writes 8 KiB and calls fdatasync, PER_SECOND times a second (default 2000, of the order of a
+durable store's commits in an open-loop row at half load) for SECONDS, in a file of its own under
+DIR (removed after), and prints one line:
 
-    FLUSH n=... per_s=... p50_us=... p99_us=... p999_us=... max_us=... over10ms=... over50ms=...
+    FLUSH n=... seconds=... per_s=... p50_us=... p99_us=... p999_us=... max_us=... over10ms=... over50ms=...
+
+A disk slower than the schedule falls behind it; the probe then stops at twice SECONDS with the
+flushes it has, and `seconds` and `per_s` say what it did.
 
 Each flush is timed from its own start, not from its slot in the schedule: one stall is one slow
 sample however many flushes it delays, so the maximum and the counts over 10 and 50 ms show a
@@ -44,6 +47,8 @@ def main() -> int:
         for i in range(count):
             due = start + i / per_second
             now = time.perf_counter()
+            if now - start >= 2 * seconds:
+                break
             if due > now:
                 time.sleep(due - now)
             # A WAL-like pattern: overwrite a small ring of blocks, one data sync each.
@@ -63,7 +68,7 @@ def main() -> int:
         return round(latencies[max(0, math.ceil(p * n) - 1)] * 1e6)
 
     print(
-        f"FLUSH n={n} per_s={n / elapsed:.0f} p50_us={q(0.5)} p99_us={q(0.99)} p999_us={q(0.999)} "
+        f"FLUSH n={n} seconds={elapsed:.1f} per_s={n / elapsed:.0f} p50_us={q(0.5)} p99_us={q(0.99)} p999_us={q(0.999)} "
         f"max_us={round(latencies[-1] * 1e6)} over10ms={sum(x > 0.01 for x in latencies)} "
         f"over50ms={sum(x > 0.05 for x in latencies)}"
     )

@@ -771,30 +771,32 @@ done
 # idemgate, one store at a time
 # flush_probe STORE: the disk's own flushes, right before a durable store's open-loop rows, as
 # run metadata (flush_STORE, flush_where_STORE). Their p99 waits on every slow fdatasync, which
-# nginx's never does, so the report says what the disk did by itself (bench/flush_probe.py). In the
+# nginx's never does, so the report says what the disk did just before them, with the gateway
+# and the database idle (bench/flush_probe.py). In the
 # embedded store's directory; for PostgreSQL, whether its data directory is on that device (only a
 # server on this machine, and a role allowed to read the setting, can say). A probe that fails is
 # logged and left out; the rows are measured all the same.
 flush_probe() {
   local store="$1" line where pgdata
   log "disk flushes before the open-loop rows of $store: bench/flush_probe.py for ${FLUSH_SECONDS} s in $WORK"
-  line="$(python3 "$REPO/bench/flush_probe.py" "$WORK" "$FLUSH_SECONDS" 2>"$WORK/flush-probe.err" | grep '^FLUSH ' || true)"
+  line="$(timeout $((FLUSH_SECONDS * 3 + 30)) python3 "$REPO/bench/flush_probe.py" "$WORK" "$FLUSH_SECONDS" \
+    2>"$WORK/flush-probe.err" | grep '^FLUSH ' || true)"
   if [[ -z "$line" ]]; then
-    log "disk flushes: the probe failed ($(tail -n1 "$WORK/flush-probe.err")); left out of the report"
+    log "disk flushes: the probe failed ($(tail -n1 "$WORK/flush-probe.err" 2>/dev/null || true)); left out of the report"
     return 0
   fi
   log "$line"
-  where="$(df --output=source "$WORK" | tail -n1) ($(stat -f -c %T "$WORK"))"
+  where="$(df --output=source "$WORK" 2>/dev/null | tail -n1 || echo '?') ($(df --output=fstype "$WORK" 2>/dev/null | tail -n1 || echo '?'))"
   if [[ "$store" == postgres ]]; then
     pgdata="$(timeout 30 psql -Atq "$PG_URL" -c 'show data_directory' 2>/dev/null || true)"
     if [[ -z "$pgdata" ]]; then
       where+="; where PostgreSQL's data directory is could not be read (not probed)"
     elif [[ ! -d "$pgdata" ]]; then
       where+="; PostgreSQL's data directory is not on this machine (not probed)"
-    elif [[ "$(stat -c %d "$pgdata")" == "$(stat -c %d "$WORK")" ]]; then
+    elif [[ "$(stat -c %d "$pgdata" 2>/dev/null || echo pg)" == "$(stat -c %d "$WORK" 2>/dev/null || echo work)" ]]; then
       where+="; PostgreSQL's data directory is on the same device"
     else
-      where+="; PostgreSQL's data directory is on $(df --output=source "$pgdata" | tail -n1) (not probed)"
+      where+="; PostgreSQL's data directory is on $(df --output=source "$pgdata" 2>/dev/null | tail -n1 || echo '?') (not probed)"
     fi
   fi
   meta "flush_$store" "$line"

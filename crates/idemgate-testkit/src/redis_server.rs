@@ -125,6 +125,10 @@ impl RedisServer {
             .await
             .expect("redis answered")
             .unwrap();
+        assert!(
+            n > 0,
+            "{args:?}: the server closed the connection without a reply"
+        );
         let reply = String::from_utf8_lossy(&buf[..n]).into_owned();
         assert!(!reply.starts_with('-'), "{args:?}: {reply}");
         reply

@@ -1,5 +1,6 @@
-//! Helpers for the shared-store tests: a redis-server of the test's own (for faults that must
-//! not touch the shared server), and the checks that need two handles on one backend.
+//! Helpers for the shared-store tests: the Redis store on a shared server, the checks that need
+//! two handles on one backend, and (from `idemgate-testkit`) a redis-server of the test's own,
+//! for faults that must not touch the shared server.
 
 #![allow(dead_code)] // each test binary uses a different subset
 
