@@ -16,6 +16,9 @@
 //! queue (no coordinated omission). Requests that fall behind are sent as soon as the
 //! connection is free; every request scheduled inside the window is sent (bounded by a 10 s
 //! drain deadline after the window; whatever is still unsent then is counted as `dropped`).
+//! `lag_p99_us` and `lag_max_us` are the generator's own lateness: from when a request could
+//! have been written (its time, or the previous answer on its connection if that came later)
+//! to when it was. A long tail there is the load side stalling, not the target.
 //!
 //! `rate --mode replay` cycles through the keys `{prefix}0 .. {prefix}{pool-1}` (completed
 //! beforehand) and counts a response without `Idempotent-Replayed: true` as unexpected.
@@ -250,6 +253,10 @@ fn pct(sorted: &[u32], p: f64) -> u32 {
 #[derive(Default)]
 struct Tally {
     lat_us: Vec<u32>,
+    /// The generator's own lateness per request: from when it could have sent (its slot, or the
+    /// previous answer on its connection if that came later) to when it began to write. A stall
+    /// of the load side shows here; a stall of the target does not (its connections are busy).
+    lag_us: Vec<u32>,
     non2xx: u64,
     unexpected: u64,
     sock_errors: u64,
@@ -296,6 +303,7 @@ async fn rate(o: &HashMap<String, String>) -> io::Result<()> {
             let mut s = Some(s);
             let mut buf = Vec::with_capacity(16 * 1024);
             let mut k: u64 = 0;
+            let mut free_at = start;
             loop {
                 let intended = start + Duration::from_secs_f64((c as f64 + (k * conns as u64) as f64) / rate);
                 if intended >= end {
@@ -329,6 +337,7 @@ async fn rate(o: &HashMap<String, String>) -> io::Result<()> {
                     }
                 }
                 let st = s.as_mut().unwrap();
+                let lag = Instant::now().saturating_duration_since(intended.max(free_at));
                 let r = timeout(IO_TIMEOUT, async {
                     st.write_all(&req).await?;
                     read_response(st, &mut buf).await
@@ -336,6 +345,10 @@ async fn rate(o: &HashMap<String, String>) -> io::Result<()> {
                 .await
                 .unwrap_or_else(|_| Err(io::Error::new(io::ErrorKind::TimedOut, "timeout")));
                 let measured = intended >= measure_from;
+                free_at = Instant::now();
+                if measured {
+                    t.lag_us.push(lag.as_micros().min(u32::MAX as u128) as u32);
+                }
                 match r {
                     Ok(resp) => {
                         if measured {
@@ -372,12 +385,14 @@ async fn rate(o: &HashMap<String, String>) -> io::Result<()> {
     for task in tasks {
         let t = task.await.map_err(|e| bad(format!("task failed: {e}")))?;
         all.lat_us.extend(t.lat_us);
+        all.lag_us.extend(t.lag_us);
         all.non2xx += t.non2xx;
         all.unexpected += t.unexpected;
         all.sock_errors += t.sock_errors;
         all.dropped += t.dropped;
     }
     all.lat_us.sort_unstable();
+    all.lag_us.sort_unstable();
     let l = &all.lat_us;
     let errors = all.non2xx + all.unexpected + all.sock_errors + all.dropped;
     // achieved throughput: answers over the window, or over the time it took to drain the queue
@@ -385,7 +400,7 @@ async fn rate(o: &HashMap<String, String>) -> io::Result<()> {
         .as_secs_f64()
         .max(duration);
     println!(
-        "RESULT target_rate={rate:.0} rps={:.1} p50_us={} p90_us={} p99_us={} p999_us={} max_us={} requests={} non2xx={} unexpected={} sock_errors={} dropped={} errors={errors}",
+        "RESULT target_rate={rate:.0} rps={:.1} p50_us={} p90_us={} p99_us={} p999_us={} max_us={} requests={} non2xx={} unexpected={} sock_errors={} dropped={} errors={errors} lag_p99_us={} lag_max_us={}",
         l.len() as f64 / span,
         pct(l, 50.0),
         pct(l, 90.0),
@@ -396,7 +411,9 @@ async fn rate(o: &HashMap<String, String>) -> io::Result<()> {
         all.non2xx,
         all.unexpected,
         all.sock_errors,
-        all.dropped
+        all.dropped,
+        pct(&all.lag_us, 99.0),
+        all.lag_us.last().copied().unwrap_or(0),
     );
     Ok(())
 }
