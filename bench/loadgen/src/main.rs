@@ -17,8 +17,10 @@
 //! connection is free; every request scheduled inside the window is sent (bounded by a 10 s
 //! drain deadline after the window; whatever is still unsent then is counted as `dropped`).
 //! `lag_p99_us` and `lag_max_us` are the generator's own lateness: from when a request could
-//! have been written (its time, or the previous answer on its connection if that came later)
-//! to when it was. A long tail there is the load side stalling, not the target.
+//! have been sent (its time, or when the previous answer on its connection was read, if later)
+//! to when the generator turned to send it. A long tail there is the load side stalling while
+//! connections were free; a load-side stall while all of them await answers shows in the
+//! latency only.
 //!
 //! `rate --mode replay` cycles through the keys `{prefix}0 .. {prefix}{pool-1}` (completed
 //! beforehand) and counts a response without `Idempotent-Replayed: true` as unexpected.
@@ -253,9 +255,11 @@ fn pct(sorted: &[u32], p: f64) -> u32 {
 #[derive(Default)]
 struct Tally {
     lat_us: Vec<u32>,
-    /// The generator's own lateness per request: from when it could have sent (its slot, or the
-    /// previous answer on its connection if that came later) to when it began to write. A stall
-    /// of the load side shows here; a stall of the target does not (its connections are busy).
+    /// The generator's own lateness per request: from when it could have sent (its slot, or when
+    /// it finished reading the previous answer on its connection, if later) to when it turned to
+    /// send. A stall of the load side while connections are free shows here; a stall of the
+    /// target does not (its connections are busy), and neither does a load-side stall while every
+    /// connection awaits an answer (that one lands in the latency).
     lag_us: Vec<u32>,
     non2xx: u64,
     unexpected: u64,
@@ -316,6 +320,8 @@ async fn rate(o: &HashMap<String, String>) -> io::Result<()> {
                     break;
                 }
                 sleep_until(intended).await;
+                // Taken before any reconnect, whose time is the target's (its accept queue).
+                let lag = Instant::now().saturating_duration_since(intended.max(free_at));
                 let key = match mode.as_str() {
                     "miss" => Some(format!("{prefix}-{c}-{k}")),
                     "replay" => Some(format!("{prefix}{}", (c as u64 + k * conns as u64) % pool)),
@@ -332,12 +338,12 @@ async fn rate(o: &HashMap<String, String>) -> io::Result<()> {
                         }
                         Err(_) => {
                             t.sock_errors += 1;
+                            free_at = Instant::now();
                             continue;
                         }
                     }
                 }
                 let st = s.as_mut().unwrap();
-                let lag = Instant::now().saturating_duration_since(intended.max(free_at));
                 let r = timeout(IO_TIMEOUT, async {
                     st.write_all(&req).await?;
                     read_response(st, &mut buf).await
