@@ -105,10 +105,19 @@ def ms(us):
     return f"{num(us) / 1000:.2f} ms"
 
 
-def flush_probe(m, store):
-    """bench/flush_probe.py's line before `store`'s open-loop rows, as numbers (empty when not run)."""
-    line = m.get(f"flush_{store}", "")
-    return {k: num(v) for k, _, v in (f.partition("=") for f in line.split()[1:])} if line else {}
+FLUSH_KEYS = ("n", "per_s", "p50_us", "p99_us", "p999_us", "max_us", "over10ms", "over50ms")
+
+
+def flush_probes(m, stores):
+    """bench/flush_probe.py's line before each store's open-loop rows, as numbers, for the stores
+    that have one; a key missing from a cut or hand-edited line reads 0."""
+    out = {}
+    for st in stores:
+        line = m.get(f"flush_{st}", "")
+        if line:
+            got = {k: num(v) for k, _, v in (f.partition("=") for f in line.split()[1:])}
+            out[st] = {k: got.get(k, 0.0) for k in FLUSH_KEYS}
+    return out
 
 
 def mib(kb):
@@ -188,6 +197,7 @@ def main():
     rate_runs = {}
     for x in rates:
         rate_runs.setdefault(x["store"], {}).setdefault(x["target"], []).append(x)
+    flushes = flush_probes(m, rate_runs)
     noise = num(m.get("noise", "10"))
     repeat = int(num(m.get("repeat", "1")))
     # Absent in results from before the harness re-ran widely spread rows.
@@ -379,20 +389,18 @@ def main():
                 w(f"| {store} | {t}{f} | {fmt_int(r['rate'])} | {fmt_int(r['rps'])} | {ms(r['p50'])} | "
                   f"{ms(r['p90'])} | {ms(r['p99'])}{p99_list} | {ms(r['p999'])} | {ms(r['max'])} | {ratio} |")
         w("")
-        probed = [(st, flush_probe(m, st)) for st in rate_runs if flush_probe(m, st)]
-        if probed:
+        if flushes:
             w("**The disk's own flushes**, right before a durable store's open-loop rows "
               "(`bench/flush_probe.py`: 8 KiB written and `fdatasync`ed, one flush at a time, 2,000 a "
-              f"second for {m.get('flush_seconds', '?')} s, or fewer on a disk that falls behind). A commit waits for its flush, and every commit queued "
-              "behind a slow one waits with it; nginx's rows wait on none. The probe has a window of its "
+              f"second for {m.get('flush_seconds', '?')} s, or fewer on a disk that falls behind). A "
+              "commit waits for its flush, and every commit queued behind a slow one waits with it; nginx's rows wait on none. The probe has a window of its "
               "own: stalls it reads say the disk stalls, and a calm probe rules nothing out.")
             w("")
-            for st, fl in probed:
-                g = lambda k: fl.get(k, 0)  # noqa: E731 (a hand-edited or cut line still renders)
-                w(f"- before {st}, on {m.get(f'flush_where_{st}', '?')}: {fmt_int(g('n'))} flushes at "
-                  f"{fmt_int(g('per_s'))} a second, p50 {ms(g('p50_us'))}, p99 {ms(g('p99_us'))}, p99.9 "
-                  f"{ms(g('p999_us'))}, max {ms(g('max_us'))}; {int(g('over10ms'))} over 10 ms, "
-                  f"{int(g('over50ms'))} over 50 ms")
+            for st, fl in flushes.items():
+                w(f"- before {st}, on {m.get(f'flush_where_{st}', '?')}: {fmt_int(fl['n'])} flushes at "
+                  f"{fmt_int(fl['per_s'])} a second, p50 {ms(fl['p50_us'])}, p99 {ms(fl['p99_us'])}, p99.9 "
+                  f"{ms(fl['p999_us'])}, max {ms(fl['max_us'])}; {int(fl['over10ms'])} over 10 ms, "
+                  f"{int(fl['over50ms'])} over 50 ms")
             w("")
 
     # ------------------------------------------------------------ round trips
@@ -535,9 +543,8 @@ def main():
             failed = sum(1 for x in d[gw(st)] if x["errors"])
             if failed:
                 of += f"; errors in {failed} of {n_gw} runs"
-            fl = flush_probe(m, st)
-            if fl:
-                of += f"; the disk's slowest flush in the probe before them: {ms(fl.get('max_us', 0))}"
+            if st in flushes:
+                of += f"; the disk's slowest flush in the probe before them: {ms(flushes[st]['max_us'])}"
             w(f"| p99, miss at half of peak load ({st}) | ≤ 2× nginx `proxy_pass` p99 at the same load | "
               f"{v:.2f}× ({ms(g['p99'])} vs {ms(ng['p99'])} at {fmt_int(g['rate'])} req/s{of}) | "
               f"{verdict(v <= 2.0 and not failed)} {short_by(v, 2.0, False)} |")

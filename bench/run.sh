@@ -772,10 +772,10 @@ done
 # flush_probe STORE: the disk's own flushes, right before a durable store's open-loop rows, as
 # run metadata (flush_STORE, flush_where_STORE). Their p99 waits on every slow fdatasync, which
 # nginx's never does, so the report says what the disk did just before them, with the gateway
-# and the database idle (bench/flush_probe.py). In the
-# embedded store's directory; for PostgreSQL, whether its data directory is on that device (only a
-# server on this machine, and a role allowed to read the setting, can say). A probe that fails is
-# logged and left out; the rows are measured all the same.
+# and the database idle (bench/flush_probe.py). In the embedded store's directory; for
+# PostgreSQL, whether its data directory is on that device (only a server on this machine, and a
+# role allowed to read the setting, can say). A probe that fails is logged and left out; the rows
+# are measured all the same.
 flush_probe() {
   local store="$1" line where pgdata
   log "disk flushes before the open-loop rows of $store: bench/flush_probe.py for ${FLUSH_SECONDS} s in $WORK"
