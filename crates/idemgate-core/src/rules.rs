@@ -171,11 +171,12 @@ pub fn complete(
 ) -> Result<Write, Fenced> {
     let rec = existing.ok_or(Fenced)?;
     // A copy only for the owner's completion; the other answers need none.
-    Ok(if completes(rec, token, now)? {
-        completed(rec.clone(), token, response, retention_ms, now)
-    } else {
-        Write::Keep
-    })
+    Ok(
+        match complete_at(Some(rec.standing()), token, retention_ms, now)? {
+            Some(expires_at) => completed(rec.clone(), token, response, expires_at),
+            None => Write::Keep,
+        },
+    )
 }
 
 /// [`complete`] on a record the caller has decoded for this call: the completed record is built
@@ -191,38 +192,63 @@ pub fn complete_taking(
     now: Millis,
 ) -> Result<Write, Fenced> {
     let rec = existing.ok_or(Fenced)?;
-    Ok(if completes(&rec, token, now)? {
-        completed(rec, token, response, retention_ms, now)
-    } else {
-        Write::Keep
-    })
+    Ok(
+        match complete_at(Some(rec.standing()), token, retention_ms, now)? {
+            Some(expires_at) => completed(rec, token, response, expires_at),
+            None => Write::Keep,
+        },
+    )
 }
 
-/// Whether `token` may complete `rec` (`true`), has already completed it (`false`), or does not
-/// own it.
-fn completes(rec: &Record, token: LeaseToken, now: Millis) -> Result<bool, Fenced> {
+/// [`complete`] decided on a record's [`Standing`] alone, for a store that can read it without
+/// decoding the record and write the completed one itself (the memory store rewrites its entry in
+/// place): `Some(expires_at)` when `token` completes the record, which then holds its response,
+/// the same token, every other field as it was and this expiry; `None` when `token` has already
+/// completed it (a retry after it took effect: nothing to write).
+///
+/// # Errors
+/// [`Fenced`] when `token` is not the record's owner, or there is no record.
+pub fn complete_at(
+    standing: Option<Standing>,
+    token: LeaseToken,
+    retention_ms: u64,
+    now: Millis,
+) -> Result<Option<Millis>, Fenced> {
+    let rec = standing.ok_or(Fenced)?;
     // An expired record is gone (the owner lost it), whether or not a sweep has removed it yet.
-    if !rec.is_live(now) {
+    if now >= rec.expires_at || rec.token != token {
         return Err(Fenced);
     }
-    match &rec.state {
-        RecordState::InFlight { token: t, .. } if *t == token => Ok(true),
-        // Retried after it took effect: already done, not a conflict.
-        RecordState::Completed { token: t, .. } if *t == token => Ok(false),
-        _ => Err(Fenced),
+    // Retried after it took effect: already done, not a conflict.
+    Ok((!rec.completed).then_some(now + retention_ms))
+}
+
+/// What [`complete_at`] needs of a record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Standing {
+    /// The current (or last) owner's token.
+    pub token: LeaseToken,
+    /// Whether the record holds an outcome.
+    pub completed: bool,
+    pub expires_at: Millis,
+}
+
+impl Record {
+    /// The fields [`complete_at`] decides on.
+    #[must_use]
+    pub fn standing(&self) -> Standing {
+        Standing {
+            token: self.token(),
+            completed: matches!(self.state, RecordState::Completed { .. }),
+            expires_at: self.expires_at,
+        }
     }
 }
 
 /// The owner's in-flight record `done`, completed with `response`.
-fn completed(
-    mut done: Record,
-    token: LeaseToken,
-    response: StoredResponse,
-    retention_ms: u64,
-    now: Millis,
-) -> Write {
+fn completed(mut done: Record, token: LeaseToken, response: StoredResponse, expires_at: Millis) -> Write {
     done.state = RecordState::Completed { token, response };
-    done.expires_at = now + retention_ms;
+    done.expires_at = expires_at;
     Write::Put(done)
 }
 

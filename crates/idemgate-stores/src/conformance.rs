@@ -292,6 +292,31 @@ pub async fn retention_expiry<S: Store>(store: Arc<S>) {
     );
 }
 
+/// An owner whose record has expired (its retention ran out while it ran) no longer owns it: the
+/// record is gone at its expiry to the millisecond, whether or not it is still stored.
+pub async fn expired_records_cannot_be_completed<S: Store>(store: Arc<S>) {
+    let key = unique_key("complete-expired");
+    let now = now_millis();
+    let owner = LeaseToken::random();
+    assert_acquired(&store.begin(&key, &req(owner, fp(1), now, true)).await.unwrap());
+    // With takeover, an in-flight record expires after the longer of lease and retention.
+    let expiry = now + 60_000;
+    let err = store
+        .complete(&key, owner, response(b"late"), 60_000, expiry)
+        .await;
+    assert!(
+        matches!(err, Err(StoreError::Fenced(_))),
+        "complete at expiry: {err:?}"
+    );
+    store
+        .complete(&key, owner, response(b"in time"), 500, expiry - 1)
+        .await
+        .unwrap();
+    let rec = store.get(&key, expiry - 1).await.unwrap().expect("record");
+    assert_eq!(rec.expires_at, expiry - 1 + 500);
+    assert!(matches!(rec.state, RecordState::Completed { token, .. } if token == owner));
+}
+
 /// Operations retried after they took effect answer the same, never a false conflict.
 pub async fn retried_operations_are_idempotent<S: Store>(store: Arc<S>) {
     let key = unique_key("retried");
@@ -427,7 +452,7 @@ macro_rules! store_conformance {
         $crate::store_conformance!(@tests $make;
             concurrent_begin_race, concurrent_takeover_race, replay_and_mismatch, lease_expiry_takeover_and_fencing,
             no_takeover_records_never_expire, renew_extends_lease, renew_never_shortens_lease, release_frees_key, retention_expiry,
-            retried_operations_are_idempotent, large_values, purge,
+            retried_operations_are_idempotent, expired_records_cannot_be_completed, large_values, purge,
             waiters_woken_on_complete_and_release);
     };
     (@tests $make:expr; $($name:ident),*) => {

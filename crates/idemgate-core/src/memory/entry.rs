@@ -7,6 +7,7 @@ use super::Routes;
 use crate::engine::OperationId;
 use crate::fingerprint::Fingerprint;
 use crate::record::{LeaseToken, Millis, Record, RecordState, StoredResponse};
+use crate::rules::Standing;
 
 /// A compression dictionary for stored header names: the storable response headers of
 /// [`crate::engine::is_storable_header`] (kept in upstream order there, not here). A name not in
@@ -99,7 +100,7 @@ pub(super) trait Sink {
     }
 }
 
-pub(super) struct Count(pub(super) usize);
+struct Count(usize);
 
 impl Sink for Count {
     fn put(&mut self, bytes: &[u8]) {
@@ -121,27 +122,59 @@ impl Sink for Vec<u8> {
     }
 }
 
+/// Something written as an entry.
+pub(super) trait Encode {
+    fn write(&self, out: &mut impl Sink);
+}
+
+/// What `e` writes, in one exactly sized allocation: it is written twice, once to count and once
+/// to fill, because a `Vec` grown and then shrunk with `into_boxed_slice` may keep a larger block
+/// than it needs under allocators that shrink in place.
+pub(super) fn exact(e: &impl Encode) -> Box<[u8]> {
+    let mut count = Count(0);
+    e.write(&mut count);
+    let mut out = Vec::with_capacity(count.0);
+    e.write(&mut out);
+    debug_assert_eq!(out.len(), count.0);
+    out.into_boxed_slice()
+}
+
+/// A record's entry, written from the record.
+pub(super) struct Fresh<'a> {
+    pub(super) key: &'a str,
+    pub(super) rec: &'a Record,
+    /// The route's index among the store's interned ones.
+    pub(super) route: Option<usize>,
+    pub(super) op: OpId<'a>,
+}
+
+impl Encode for Fresh<'_> {
+    fn write(&self, out: &mut impl Sink) {
+        write_entry(out, self.key, self.rec, self.route, &self.op);
+    }
+}
+
+/// An in-flight entry completed, written from its [`Head`].
+pub(super) struct Completed<'a> {
+    pub(super) head: &'a Head<'a>,
+    pub(super) response: &'a StoredResponse,
+    pub(super) expires_at: Millis,
+}
+
+impl Encode for Completed<'_> {
+    fn write(&self, out: &mut impl Sink) {
+        self.head.write_completed(out, self.response, self.expires_at);
+    }
+}
+
 pub(super) fn write_entry(out: &mut impl Sink, key: &str, rec: &Record, route: Option<usize>, op: &OpId<'_>) {
     out.bytes(key.as_bytes());
-    let (completed, body) = match &rec.state {
-        RecordState::InFlight { .. } => (false, None),
-        RecordState::Completed { response, .. } => (true, response.body.as_ref()),
+    let (completed, has_body) = match &rec.state {
+        RecordState::InFlight { .. } => (false, false),
+        RecordState::Completed { response, .. } => (true, response.body.is_some()),
     };
-    let mut flags = op.form() << OP_SHIFT;
-    if completed {
-        flags |= COMPLETED;
-    }
-    if body.is_some() {
-        flags |= HAS_BODY;
-    }
-    if rec.expires_at == Millis::MAX {
-        flags |= NEVER_EXPIRES;
-    }
-    out.byte(flags);
-    out.varint(rec.created_at);
-    if rec.expires_at != Millis::MAX {
-        out.varint(to_delta(rec.created_at, rec.expires_at));
-    }
+    let flags = flags(op.form(), completed, has_body, rec.expires_at);
+    write_times(out, flags, rec.created_at, rec.expires_at);
     out.put(&rec.fingerprint.0);
     out.put(&rec.token().0.to_le_bytes());
     out.varint(rec.generation);
@@ -158,23 +191,114 @@ pub(super) fn write_entry(out: &mut impl Sink, key: &str, rec: &Record, route: O
     }
     match &rec.state {
         RecordState::InFlight { lease_until, .. } => out.varint(to_delta(rec.created_at, *lease_until)),
-        RecordState::Completed { response, .. } => {
-            out.varint(u64::from(response.status));
-            out.len(response.headers.len());
-            for (name, value) in &response.headers {
-                match HEADER_NAMES.iter().position(|n| n == name) {
-                    Some(i) => out.len(i),
-                    None => {
-                        out.len(HEADER_NAMES.len() + name.len());
-                        out.put(name.as_bytes());
-                    }
-                }
-                out.bytes(value);
-            }
-            if let Some(body) = body {
-                out.put(body);
+        RecordState::Completed { response, .. } => write_response(out, response),
+    }
+}
+
+/// The flags byte's bits for a record's state and expiry, beside its operation id form.
+fn flags(op_form: u8, completed: bool, has_body: bool, expires_at: Millis) -> u8 {
+    let mut flags = op_form << OP_SHIFT;
+    if completed {
+        flags |= COMPLETED;
+    }
+    if has_body {
+        flags |= HAS_BODY;
+    }
+    if expires_at == Millis::MAX {
+        flags |= NEVER_EXPIRES;
+    }
+    flags
+}
+
+/// The flags, `created_at` and the expiry: the part of an entry between its key and its
+/// fingerprint.
+fn write_times(out: &mut impl Sink, flags: u8, created_at: Millis, expires_at: Millis) {
+    out.byte(flags);
+    out.varint(created_at);
+    if expires_at != Millis::MAX {
+        out.varint(to_delta(created_at, expires_at));
+    }
+}
+
+/// A completed record's tail: status, headers, body.
+fn write_response(out: &mut impl Sink, response: &StoredResponse) {
+    out.varint(u64::from(response.status));
+    out.len(response.headers.len());
+    for (name, value) in &response.headers {
+        match HEADER_NAMES.iter().position(|n| n == name) {
+            Some(i) => out.len(i),
+            None => {
+                out.len(HEADER_NAMES.len() + name.len());
+                out.put(name.as_bytes());
             }
         }
+        out.bytes(value);
+    }
+    if let Some(body) = &response.body {
+        out.put(body);
+    }
+}
+
+/// An entry read as far as `complete` needs: the record's [`Standing`] and the byte ranges a
+/// completed entry copies unchanged, without decoding the operation id, the route or a response.
+pub(super) struct Head<'a> {
+    /// The key's length and bytes.
+    key: &'a [u8],
+    flags: u8,
+    created_at: Millis,
+    /// The fingerprint, token, generation, operation id and route, as stored.
+    fields: &'a [u8],
+    pub(super) standing: Standing,
+}
+
+impl<'a> Head<'a> {
+    pub(super) fn read(entry: &'a [u8]) -> Result<Self, Corrupt> {
+        let mut r = Reader(entry);
+        let key_len = r.len()?;
+        r.take(key_len)?;
+        let key = &entry[..entry.len() - r.0.len()];
+        let (flags, created_at, expires_at) = r.times()?;
+        let start = entry.len() - r.0.len();
+        r.take(32)?;
+        let token = LeaseToken(u128::from_le_bytes(r.array()?));
+        r.varint()?;
+        match (flags & OP_MASK) >> OP_SHIFT {
+            OP_RAW => {
+                let n = r.len()?;
+                r.take(n)?;
+            }
+            OP_PREFIXED_UUID | OP_HYPHENATED_UUID => {
+                r.take(16)?;
+            }
+            _ => return Err(Corrupt("operation id form")),
+        }
+        if r.varint()? == 0 {
+            let n = r.len()?;
+            r.take(n)?;
+        }
+        let fields = &entry[start..entry.len() - r.0.len()];
+        Ok(Self {
+            key,
+            flags,
+            created_at,
+            fields,
+            standing: Standing {
+                token,
+                completed: flags & COMPLETED != 0,
+                expires_at,
+            },
+        })
+    }
+
+    /// The entry of this record completed with `response` and expiring at `expires_at`: what
+    /// [`write_entry`] writes for the record `rules::complete` makes of it.
+    pub(super) fn write_completed(&self, out: &mut impl Sink, response: &StoredResponse, expires_at: Millis) {
+        out.put(self.key);
+        let op_form = (self.flags & OP_MASK) >> OP_SHIFT;
+        let flags = flags(op_form, true, response.body.is_some(), expires_at);
+        write_times(out, flags, self.created_at, expires_at);
+        out.put(self.fields);
+        write_response(out, response);
     }
 }
 
@@ -242,6 +366,18 @@ impl<'a> Reader<'a> {
         utf8(self.take(n)?)
     }
 
+    /// The flags, `created_at` and the expiry, read as [`write_times`] wrote them.
+    fn times(&mut self) -> Result<(u8, Millis, Millis), Corrupt> {
+        let flags = self.byte()?;
+        let created_at = self.varint()?;
+        let expires_at = if flags & NEVER_EXPIRES == 0 {
+            from_delta(created_at, self.varint()?)
+        } else {
+            Millis::MAX
+        };
+        Ok((flags, created_at, expires_at))
+    }
+
     pub(super) fn rest(&mut self) -> &'a [u8] {
         std::mem::take(&mut self.0)
     }
@@ -256,13 +392,7 @@ pub(super) fn decode(entry: &[u8], routes: &Routes) -> Result<Record, Corrupt> {
     let mut r = Reader(entry);
     let key_len = r.len()?;
     r.take(key_len)?;
-    let flags = r.byte()?;
-    let created_at = r.varint()?;
-    let expires_at = if flags & NEVER_EXPIRES == 0 {
-        from_delta(created_at, r.varint()?)
-    } else {
-        Millis::MAX
-    };
+    let (flags, created_at, expires_at) = r.times()?;
     let fingerprint = Fingerprint(r.array()?);
     let token = LeaseToken(u128::from_le_bytes(r.array()?));
     let generation = r.varint()?;
@@ -336,10 +466,5 @@ pub(super) fn entry_expires_at(entry: &[u8]) -> Option<Millis> {
     let mut r = Reader(entry);
     let n = r.len().ok()?;
     r.take(n).ok()?;
-    let flags = r.byte().ok()?;
-    let created_at = r.varint().ok()?;
-    if flags & NEVER_EXPIRES != 0 {
-        return Some(Millis::MAX);
-    }
-    Some(from_delta(created_at, r.varint().ok()?))
+    r.times().ok().map(|(_, _, expires_at)| expires_at)
 }

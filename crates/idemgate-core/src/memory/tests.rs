@@ -138,6 +138,7 @@ fn round_trip(store: &MemoryStore, key: &str, rec: &Record) -> Result<(), TestCa
     for cut in (0..entry.len()).filter(|c| *c < 200 || c % 61 == 0) {
         let _ = store.decode(&entry[..cut]);
         let _ = entry_expires_at(&entry[..cut]);
+        let _ = Head::read(&entry[..cut]);
     }
     Ok(())
 }
@@ -237,6 +238,43 @@ proptest! {
         for ((key, rec), entry) in recs.iter().zip(&entries) {
             prop_assert_eq!(entry_key(entry), Some(key.as_bytes()));
             prop_assert_eq!(&store.decode(entry).unwrap(), rec);
+        }
+    }
+}
+
+proptest! {
+    /// `complete` rewrites an entry from its head: it must decide as `rules::complete` does on
+    /// the decoded record and write, byte for byte, the entry of the record that rule makes.
+    #[test]
+    fn completing_in_place_writes_what_the_rule_would(
+        key in ".{0,40}",
+        rec in record(),
+        response in response(),
+        owner in any::<bool>(),
+        (when, now) in (0..3u8, 0..u64::MAX / 2),
+        retention_ms in 0..1u64 << 40,
+    ) {
+        let store = MemoryStore::new(usize::MAX);
+        let entry = store.encode(&key, &rec);
+        let token = if owner { rec.token() } else { LeaseToken(rec.token().0 ^ 1) };
+        // Either side of the record's expiry, or any time.
+        let now = match when {
+            0 => rec.expires_at.saturating_sub(1),
+            1 => rec.expires_at,
+            _ => now,
+        }
+        .min(u64::MAX / 2);
+        let ruled = rules::complete_taking(Some(store.decode(&entry).unwrap()), token, response.clone(), retention_ms, now);
+        let head = Head::read(&entry).unwrap();
+        prop_assert_eq!(head.standing, rec.standing());
+        match (ruled, rules::complete_at(Some(head.standing), token, retention_ms, now)) {
+            (Err(_), Err(_)) | (Ok(Write::Keep), Ok(None)) => {}
+            (Ok(Write::Put(done)), Ok(Some(expires_at))) => {
+                let written = exact(&Completed { head: &head, response: &response, expires_at });
+                prop_assert_eq!(&written, &store.encode(&key, &done));
+                prop_assert_eq!(&store.decode(&written).unwrap(), &done);
+            }
+            (ruled, at) => prop_assert!(false, "rule {ruled:?}, in place {at:?}"),
         }
     }
 }
