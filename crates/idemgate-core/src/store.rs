@@ -52,11 +52,13 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send;
 
     /// The owner stores its final outcome; durable before this returns (for durable stores).
+    /// The response is borrowed: a store copies what it keeps, and the caller keeps it to try
+    /// again after a store error (every store here encodes it, so most need no copy of it).
     fn complete(
         &self,
         key: &str,
         token: LeaseToken,
-        response: StoredResponse,
+        response: &StoredResponse,
         retention_ms: u64,
         now: Millis,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -105,7 +107,7 @@ impl<S: Store> Store for Arc<S> {
         &self,
         key: &str,
         token: LeaseToken,
-        response: StoredResponse,
+        response: &StoredResponse,
         retention_ms: u64,
         now: Millis,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
@@ -160,7 +162,7 @@ pub trait DynStore: Send + Sync + 'static {
         &'a self,
         key: &'a str,
         token: LeaseToken,
-        response: StoredResponse,
+        response: &'a StoredResponse,
         retention_ms: u64,
         now: Millis,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
@@ -197,7 +199,7 @@ impl<S: Store> DynStore for S {
         &'a self,
         key: &'a str,
         token: LeaseToken,
-        response: StoredResponse,
+        response: &'a StoredResponse,
         retention_ms: u64,
         now: Millis,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
@@ -241,7 +243,7 @@ impl Store for Arc<dyn DynStore> {
         &self,
         key: &str,
         token: LeaseToken,
-        response: StoredResponse,
+        response: &StoredResponse,
         retention_ms: u64,
         now: Millis,
     ) -> Result<(), StoreError> {

@@ -106,7 +106,9 @@ pub async fn concurrent_takeover_race<S: Store>(store: Arc<S>) {
         }
     }
     assert_eq!(took_over, 1, "exactly one begin takes the key over");
-    let err = store.complete(&key, dead, response(b"late"), 60_000, later).await;
+    let err = store
+        .complete(&key, dead, &response(b"late"), 60_000, later)
+        .await;
     assert!(matches!(err, Err(StoreError::Fenced(_))), "dead owner: {err:?}");
 }
 
@@ -123,7 +125,7 @@ pub async fn replay_and_mismatch<S: Store>(store: Arc<S>) {
         .unwrap();
     assert!(matches!(other, Begin::Mismatch { .. }), "{other:?}");
     store
-        .complete(&key, owner, response(b"{\"id\":1}"), 60_000, now)
+        .complete(&key, owner, &response(b"{\"id\":1}"), 60_000, now)
         .await
         .unwrap();
     match store
@@ -176,7 +178,7 @@ pub async fn lease_expiry_takeover_and_fencing<S: Store>(store: Arc<S>) {
         other => panic!("expected takeover, got {other:?}"),
     }
     let err = store
-        .complete(&key, stale, response(b"late"), 60_000, later)
+        .complete(&key, stale, &response(b"late"), 60_000, later)
         .await;
     assert!(
         matches!(err, Err(StoreError::Fenced(_))),
@@ -190,7 +192,7 @@ pub async fn lease_expiry_takeover_and_fencing<S: Store>(store: Arc<S>) {
     let err = store.renew(&key, stale, later + 5_000).await;
     assert!(matches!(err, Err(StoreError::Fenced(_))), "stale renew: {err:?}");
     store
-        .complete(&key, fresh, response(b"new"), 60_000, later)
+        .complete(&key, fresh, &response(b"new"), 60_000, later)
         .await
         .unwrap();
     let rec = store.get(&key, later).await.unwrap().expect("record");
@@ -278,7 +280,7 @@ pub async fn retention_expiry<S: Store>(store: Arc<S>) {
     let owner = LeaseToken::random();
     assert_acquired(&store.begin(&key, &req(owner, fp(1), now, true)).await.unwrap());
     store
-        .complete(&key, owner, response(b"x"), 500, now)
+        .complete(&key, owner, &response(b"x"), 500, now)
         .await
         .unwrap();
     assert!(store.get(&key, now + 499).await.unwrap().is_some());
@@ -302,14 +304,14 @@ pub async fn expired_records_cannot_be_completed<S: Store>(store: Arc<S>) {
     // With takeover, an in-flight record expires after the longer of lease and retention.
     let expiry = now + 60_000;
     let err = store
-        .complete(&key, owner, response(b"late"), 60_000, expiry)
+        .complete(&key, owner, &response(b"late"), 60_000, expiry)
         .await;
     assert!(
         matches!(err, Err(StoreError::Fenced(_))),
         "complete at expiry: {err:?}"
     );
     store
-        .complete(&key, owner, response(b"in time"), 500, expiry - 1)
+        .complete(&key, owner, &response(b"in time"), 500, expiry - 1)
         .await
         .unwrap();
     let rec = store.get(&key, expiry - 1).await.unwrap().expect("record");
@@ -327,11 +329,11 @@ pub async fn retried_operations_are_idempotent<S: Store>(store: Arc<S>) {
     store.renew(&key, owner, now + 2_000).await.unwrap();
     store.renew(&key, owner, now + 2_000).await.unwrap();
     store
-        .complete(&key, owner, response(b"once"), 60_000, now)
+        .complete(&key, owner, &response(b"once"), 60_000, now)
         .await
         .unwrap();
     store
-        .complete(&key, owner, response(b"once"), 60_000, now)
+        .complete(&key, owner, &response(b"once"), 60_000, now)
         .await
         .unwrap();
 
@@ -349,7 +351,7 @@ pub async fn large_values<S: Store>(store: Arc<S>) {
     let body: Vec<u8> = (0..1024 * 1024).map(|i| (i % 251) as u8).collect();
     assert_acquired(&store.begin(&key, &req(owner, fp(1), now, true)).await.unwrap());
     store
-        .complete(&key, owner, response(&body), 60_000, now)
+        .complete(&key, owner, &response(&body), 60_000, now)
         .await
         .unwrap();
     let rec = store.get(&key, now).await.unwrap().expect("record");

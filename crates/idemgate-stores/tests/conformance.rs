@@ -109,7 +109,7 @@ mod redis {
         let t = LeaseToken::random();
         store.begin(&k, &req(t, now_millis())).await.unwrap();
         store
-            .complete(&k, t, response(), 60_000, now_millis())
+            .complete(&k, t, &response(), 60_000, now_millis())
             .await
             .unwrap();
         store
@@ -121,7 +121,7 @@ mod redis {
         let t = LeaseToken::random();
         store.begin(&k, &req(t, now_millis())).await.unwrap();
         store
-            .complete(&k, t, response(), 60_000, now_millis())
+            .complete(&k, t, &response(), 60_000, now_millis())
             .await
             .unwrap();
         assert_eq!(store.round_trips() - before, 2);
@@ -147,7 +147,9 @@ mod redis {
         let k = key("restart");
         let t = LeaseToken::random();
         a.begin(&k, &req(t, now_millis())).await.unwrap();
-        a.complete(&k, t, response(), 60_000, now_millis()).await.unwrap();
+        a.complete(&k, t, &response(), 60_000, now_millis())
+            .await
+            .unwrap();
         server.kill9();
         let started = Instant::now();
         let down = a.begin(&k, &req(LeaseToken::random(), now_millis())).await;
@@ -216,7 +218,7 @@ mod redis {
         let owner = LeaseToken::random();
         store.begin(&done, &req(owner, now)).await.unwrap();
         store
-            .complete(&done, owner, response(), 60_000, now)
+            .complete(&done, owner, &response(), 60_000, now)
             .await
             .unwrap();
         store
@@ -304,7 +306,7 @@ mod redis {
         for (k, retention) in [(&short, 1_000), (&long, 3_600_000)] {
             let t = LeaseToken::random();
             store.begin(k, &req(t, now)).await.unwrap();
-            store.complete(k, t, response(), retention, now).await.unwrap();
+            store.complete(k, t, &response(), retention, now).await.unwrap();
         }
         assert_eq!(store.sweep(now).await.unwrap(), 0, "nothing expired yet");
         assert_eq!(store.sweep(now + 10_000).await.unwrap(), 1);
@@ -393,7 +395,7 @@ mod postgres {
         let t = LeaseToken::random();
         store.begin(&k, &req(t, now_millis())).await.unwrap();
         store
-            .complete(&k, t, response(), 60_000, now_millis())
+            .complete(&k, t, &response(), 60_000, now_millis())
             .await
             .unwrap();
         store
@@ -405,7 +407,7 @@ mod postgres {
         let t = LeaseToken::random();
         store.begin(&k, &req(t, now_millis())).await.unwrap();
         store
-            .complete(&k, t, response(), 60_000, now_millis())
+            .complete(&k, t, &response(), 60_000, now_millis())
             .await
             .unwrap();
         assert_eq!(store.round_trips() - before, 2);
@@ -444,7 +446,9 @@ mod postgres {
             .len();
         assert!(terminated >= 2, "terminated {terminated} connections");
         // The owner's complete lands on a fresh connection: the operation is not lost.
-        a.complete(&k, t, response(), 60_000, now_millis()).await.unwrap();
+        a.complete(&k, t, &response(), 60_000, now_millis())
+            .await
+            .unwrap();
         let replay = b
             .begin(&k, &req(LeaseToken::random(), now_millis()))
             .await

@@ -449,7 +449,7 @@ async fn check<S: Swept>(store: &S, ops: &[Op], start: Millis) -> Result<(), Tes
             Op::Complete { key, who } => {
                 let tok = model.token_of(key, who);
                 let got = store
-                    .complete(KEYS[key], token(tok), response(i), RETENTION_MS, now)
+                    .complete(KEYS[key], token(tok), &response(i), RETENTION_MS, now)
                     .await;
                 let want = model.complete(key, tok, i);
                 prop_assert_eq!(ack(i, got)?, want, "{}", at);

@@ -42,7 +42,7 @@ async fn a_miss_completes_without_the_script() {
     let begun = store.begin(&k, &req(t, now_millis())).await.unwrap();
     assert!(matches!(begun, Begin::Acquired { .. }), "{begun:?}");
     store
-        .complete(&k, t, response(), 60_000, now_millis())
+        .complete(&k, t, &response(), 60_000, now_millis())
         .await
         .unwrap();
     assert_eq!(store.completes_without_script() - swaps, 1);
@@ -66,11 +66,11 @@ async fn a_miss_completes_without_the_script() {
     );
 
     store
-        .complete(&k, t, response(), 60_000, now_millis())
+        .complete(&k, t, &response(), 60_000, now_millis())
         .await
         .unwrap();
     let other = store
-        .complete(&k, LeaseToken::random(), response(), 60_000, now_millis())
+        .complete(&k, LeaseToken::random(), &response(), 60_000, now_millis())
         .await;
     assert!(matches!(other, Err(StoreError::Fenced(_))), "{other:?}");
     assert_eq!(
@@ -93,7 +93,9 @@ async fn a_changed_record_is_left_to_the_script() {
     // Marked by a waiter on another replica: completed by the script, which publishes.
     let (k, t) = waited_on(&a, &b, "ifeq-waited").await;
     let trips = a.round_trips();
-    a.complete(&k, t, response(), 60_000, now_millis()).await.unwrap();
+    a.complete(&k, t, &response(), 60_000, now_millis())
+        .await
+        .unwrap();
     assert_eq!(
         a.round_trips() - trips,
         2,
@@ -119,7 +121,9 @@ async fn a_changed_record_is_left_to_the_script() {
     let (raw, _) = left_by(&a, "IDEMGATE_TEST_VALKEY_URL", &k).await;
     assert_eq!(raw[2], b'1', "the waiter's mark stays through the renewal");
     let trips = a.round_trips();
-    a.complete(&k, t, response(), 60_000, now_millis()).await.unwrap();
+    a.complete(&k, t, &response(), 60_000, now_millis())
+        .await
+        .unwrap();
     assert_eq!(a.round_trips() - trips, 1, "nothing kept: the script alone");
     assert!(
         matches!(a.get(&k, now_millis()).await.unwrap(), Some(r) if matches!(r.state, RecordState::Completed { .. }))
@@ -137,7 +141,7 @@ async fn a_changed_record_is_left_to_the_script() {
         "{taken:?}"
     );
     let trips = a.round_trips();
-    let fenced = a.complete(&k, first, response(), 60_000, later).await;
+    let fenced = a.complete(&k, first, &response(), 60_000, later).await;
     assert!(matches!(fenced, Err(StoreError::Fenced(_))), "{fenced:?}");
     assert_eq!(
         a.round_trips() - trips,
@@ -145,7 +149,7 @@ async fn a_changed_record_is_left_to_the_script() {
         "the SET found another owner, then the script"
     );
     let trips = b.round_trips();
-    b.complete(&k, second, response(), 60_000, later).await.unwrap();
+    b.complete(&k, second, &response(), 60_000, later).await.unwrap();
     assert_eq!(b.round_trips() - trips, 1, "a takeover's own value is not kept");
 
     assert_eq!(
@@ -189,7 +193,7 @@ async fn renewals_keep_the_path() {
     assert_eq!(rec.expires_at, start + 70_000, "the record outlives its lease");
     let trips = store.round_trips();
     store
-        .complete(&k, t, response(), 60_000, now_millis())
+        .complete(&k, t, &response(), 60_000, now_millis())
         .await
         .unwrap();
     assert_eq!(store.round_trips() - trips, 1);
@@ -234,7 +238,7 @@ async fn renewals_keep_the_path() {
     let (_, expiry) = left_by(&store, "IDEMGATE_TEST_VALKEY_URL", &k).await;
     assert_eq!(expiry, -1, "no physical expiry either");
     store
-        .complete(&k, t, response(), 60_000, now_millis())
+        .complete(&k, t, &response(), 60_000, now_millis())
         .await
         .unwrap();
     assert_eq!(store.completes_without_script() - swaps, 1);
@@ -252,7 +256,7 @@ async fn an_expired_record_is_fenced_without_a_write() {
     store.begin(&k, &req(t, start)).await.unwrap();
     let trips = store.round_trips();
     // The record lives max(lease, retention) = 60 s; past that, the owner is fenced.
-    let late = store.complete(&k, t, response(), 60_000, start + 61_000).await;
+    let late = store.complete(&k, t, &response(), 60_000, start + 61_000).await;
     assert!(matches!(late, Err(StoreError::Fenced(_))), "{late:?}");
     assert_eq!(
         store.round_trips() - trips,
@@ -298,7 +302,7 @@ async fn the_record_left_is_the_scripts_byte_for_byte() {
                     "begin" => drop(store.begin(&k, &begin).await.unwrap()),
                     "renew within" => store.renew(&k, t, now + 45_000).await.unwrap(),
                     "renew past" => store.renew(&k, t, now + 70_000).await.unwrap(),
-                    _ => store.complete(&k, t, response(), 60_000, now + 5).await.unwrap(),
+                    _ => store.complete(&k, t, &response(), 60_000, now + 5).await.unwrap(),
                 }
             }
             let valkey_left = left_by(&valkey, "IDEMGATE_TEST_VALKEY_URL", &k).await;
@@ -375,7 +379,7 @@ async fn a_refused_write_leaves_the_path_on() {
         .await;
     server.command(&["CONFIG", "SET", "maxmemory", "1"]).await;
     let trips = store.round_trips();
-    let refused = store.complete(&k, t, response(), 60_000, now_millis()).await;
+    let refused = store.complete(&k, t, &response(), 60_000, now_millis()).await;
     assert!(matches!(refused, Err(StoreError::Backend(_))), "{refused:?}");
     assert_eq!(
         store.round_trips() - trips,
@@ -384,7 +388,7 @@ async fn a_refused_write_leaves_the_path_on() {
     );
     server.command(&["CONFIG", "SET", "maxmemory", "0"]).await;
     store
-        .complete(&k, t, response(), 60_000, now_millis())
+        .complete(&k, t, &response(), 60_000, now_millis())
         .await
         .unwrap();
 
@@ -392,7 +396,7 @@ async fn a_refused_write_leaves_the_path_on() {
     let (k, t) = (key("ifeq-after-oom"), LeaseToken::random());
     store.begin(&k, &req(t, now_millis())).await.unwrap();
     store
-        .complete(&k, t, response(), 60_000, now_millis())
+        .complete(&k, t, &response(), 60_000, now_millis())
         .await
         .unwrap();
     assert_eq!(

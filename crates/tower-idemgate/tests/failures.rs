@@ -72,7 +72,7 @@ impl Store for DownStore {
         &self,
         _: &str,
         _: LeaseToken,
-        _: StoredResponse,
+        _: &StoredResponse,
         _: u64,
         _: Millis,
     ) -> Result<(), StoreError> {
@@ -198,7 +198,7 @@ impl Store for SlowBegin {
         &self,
         key: &str,
         token: LeaseToken,
-        response: StoredResponse,
+        response: &StoredResponse,
         retention_ms: u64,
         now: Millis,
     ) -> Result<(), StoreError> {

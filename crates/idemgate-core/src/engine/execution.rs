@@ -144,7 +144,7 @@ impl<S: Store> Execution<S> {
                 let retention = millis(self.retention);
                 let done = self
                     .store
-                    .complete(&self.key, self.token, response.clone(), retention, now)
+                    .complete(&self.key, self.token, response, retention, now)
                     .await;
                 if done.is_ok() {
                     self.store.notifier().publish(&self.key, || Handoff {

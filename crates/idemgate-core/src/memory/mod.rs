@@ -434,7 +434,7 @@ impl Store for MemoryStore {
         &self,
         key: &str,
         token: LeaseToken,
-        response: StoredResponse,
+        response: &StoredResponse,
         retention_ms: u64,
         now: Millis,
     ) -> Result<(), StoreError> {
@@ -452,7 +452,7 @@ impl Store for MemoryStore {
             if let (Some(expires_at), Some(head)) = (expires_at, head) {
                 let entry = exact(&Completed {
                     head: &head,
-                    response: &response,
+                    response,
                     expires_at,
                 });
                 if let Some(slot) = slot {

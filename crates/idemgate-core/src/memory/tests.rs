@@ -42,7 +42,7 @@ async fn a_sweep_removes_exactly_the_records_due() {
         body: Some(Bytes::from_static(b"{}")),
     };
     store
-        .complete(moved, token, ok, 10_000, begun + 5_000)
+        .complete(moved, token, &ok, 10_000, begun + 5_000)
         .await
         .unwrap();
     let moved_expiry = begun + 15_000;
@@ -371,7 +371,7 @@ async fn used_bytes_follow_every_write() {
     assert_eq!(store.used_bytes(), entry_cost(&store, &key, now));
 
     store
-        .complete(&key, *token, response.clone(), 86_400_000, now)
+        .complete(&key, *token, &response.clone(), 86_400_000, now)
         .await
         .unwrap();
     let completed = entry_cost(&store, &key, now);

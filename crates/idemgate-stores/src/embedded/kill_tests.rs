@@ -83,7 +83,7 @@ async fn churn_kill_child() {
                 store.begin(&key, &req(token, 0)).await.unwrap();
                 let retention = if keep { KEPT_MS } else { 1 };
                 store
-                    .complete(&key, token, body(round, w, i, len), retention, 0)
+                    .complete(&key, token, &body(round, w, i, len), retention, 0)
                     .await
                     .unwrap();
                 if keep {

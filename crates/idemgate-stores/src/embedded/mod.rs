@@ -498,7 +498,7 @@ impl Store for EmbeddedStore {
         &self,
         key: &str,
         token: LeaseToken,
-        response: StoredResponse,
+        response: &StoredResponse,
         retention_ms: u64,
         now: Millis,
     ) -> Result<(), StoreError> {
@@ -507,7 +507,7 @@ impl Store for EmbeddedStore {
             let mut shard = self.reserved.lock(key);
             match shard.get_mut(key) {
                 Some(entry) if entry.state != State::Durable && entry.token() == Some(token) => {
-                    match rules::complete(Some(&entry.record), token, response, retention_ms, now) {
+                    match rules::complete(Some(&entry.record), token, response.clone(), retention_ms, now) {
                         Ok(Write::Put(record)) => {
                             // In flight to everyone until the writer's commit shows the outcome.
                             entry.state = State::Completing;
@@ -543,7 +543,7 @@ impl Store for EmbeddedStore {
                 self.call(|reply| Op::Complete {
                     key: key.to_owned(),
                     token,
-                    response,
+                    response: response.clone(),
                     retention_ms,
                     now,
                     reply,

@@ -20,7 +20,7 @@ async fn completed(store: &EmbeddedStore, key: &str, body: &'static [u8], now: M
         Ok(Begin::Acquired { .. })
     ));
     store
-        .complete(key, token, response(body), retention_ms, now)
+        .complete(key, token, &response(body), retention_ms, now)
         .await
         .unwrap();
 }
@@ -90,7 +90,7 @@ async fn a_purged_key_runs_again() {
         Ok(Begin::Acquired { .. })
     ));
     store
-        .complete("k", owner, response(b"two"), 5_000, 20)
+        .complete("k", owner, &response(b"two"), 5_000, 20)
         .await
         .unwrap();
     assert_eq!(replayed(begin(&store, "k", 30).await), response(b"two"));
@@ -157,7 +157,7 @@ async fn a_replaced_record_is_not_kept_from_a_stale_snapshot() {
         "kept from a snapshot older than a replacement"
     );
     store
-        .complete("k", owner, response(b"new"), 5_000, 2_100)
+        .complete("k", owner, &response(b"new"), 5_000, 2_100)
         .await
         .unwrap();
     assert_eq!(replayed(begin(&store, "k", 600).await), response(b"new"));

@@ -60,7 +60,7 @@ async fn write_round(store: &EmbeddedStore, round: usize, last_writes: impl FnOn
             Ok(Begin::Acquired { .. })
         ));
         store
-            .complete(&key, token, body(round, i), 5_000, 0)
+            .complete(&key, token, &body(round, i), 5_000, 0)
             .await
             .unwrap();
     }
@@ -78,7 +78,7 @@ async fn write_round(store: &EmbeddedStore, round: usize, last_writes: impl FnOn
         .await
         .unwrap();
     store
-        .complete(&format!("r{round}-last"), token, body(round, KEYS), 5_000, 0)
+        .complete(&format!("r{round}-last"), token, &body(round, KEYS), 5_000, 0)
         .await
         .unwrap();
     let mut fail = req(LeaseToken::random(), 0);
@@ -241,7 +241,7 @@ async fn a_checkpoint_fsync_is_owed_off_the_writer() {
         async move {
             let (key, token) = (format!("k{i}"), LeaseToken::random());
             store.begin(&key, &req(token, 0)).await.unwrap();
-            store.complete(&key, token, body(0, i), 5_000, 0).await.unwrap();
+            store.complete(&key, token, &body(0, i), 5_000, 0).await.unwrap();
         }
     };
     let mut i = 0;
@@ -337,7 +337,7 @@ async fn owed_abort_child() {
         let (key, token) = (format!("k{acked}"), LeaseToken::random());
         store.begin(&key, &req(token, 0)).await.unwrap();
         store
-            .complete(&key, token, body(0, acked), 5_000, 0)
+            .complete(&key, token, &body(0, acked), 5_000, 0)
             .await
             .unwrap();
         acked += 1;
@@ -399,7 +399,7 @@ async fn stale_abort_child() {
     for i in 0..4 {
         let (key, token) = (format!("fresh-{i}"), LeaseToken::random());
         store.begin(&key, &req(token, 0)).await.unwrap();
-        store.complete(&key, token, body(1, i), 5_000, 0).await.unwrap();
+        store.complete(&key, token, &body(1, i), 5_000, 0).await.unwrap();
     }
     std::process::abort();
 }
@@ -415,7 +415,10 @@ fn a_run_left_in_the_other_file_before_an_open_is_never_replayed() {
         let store = EmbeddedStore::open(dir.path()).unwrap();
         let token = LeaseToken::random();
         store.begin("seed", &req(token, 0)).await.unwrap();
-        store.complete("seed", token, body(0, 0), 5_000, 0).await.unwrap();
+        store
+            .complete("seed", token, &body(0, 0), 5_000, 0)
+            .await
+            .unwrap();
         drop(store);
         let store = reopen(dir.path()).await;
         let record = store.read("seed").unwrap().unwrap();
@@ -554,7 +557,7 @@ async fn takeable_reservations_stay_in_memory() {
     };
     assert!(
         store
-            .complete("a", first, ok.clone(), 5_000, 1_700)
+            .complete("a", first, &ok.clone(), 5_000, 1_700)
             .await
             .is_err()
     );
@@ -562,7 +565,7 @@ async fn takeable_reservations_stay_in_memory() {
     assert_eq!(store.commits(), before, "nothing reached redb yet");
     assert!(store.read("a").unwrap().is_none());
     store
-        .complete("a", second, ok.clone(), 5_000, 1_700)
+        .complete("a", second, &ok.clone(), 5_000, 1_700)
         .await
         .unwrap();
     assert_eq!(store.reserved.len(), 0, "the outcome replaced the reservation");
@@ -575,7 +578,7 @@ async fn takeable_reservations_stay_in_memory() {
         Ok(Begin::Replay(_))
     ));
     store
-        .complete("a", second, ok, 5_000, 1_900)
+        .complete("a", second, &ok, 5_000, 1_900)
         .await
         .expect("a retried complete is done");
     // Released, a key is free again without touching redb.
@@ -604,7 +607,7 @@ async fn purge_takes_a_reservation_in_memory() {
         headers: vec![],
         body: None,
     };
-    assert!(store.complete("a", token, ok, 5_000, 2).await.is_err());
+    assert!(store.complete("a", token, &ok, 5_000, 2).await.is_err());
     assert!(store.read("a").unwrap().is_none());
 }
 
@@ -625,7 +628,7 @@ async fn only_outcomes_and_untakeable_reservations_wait_for_the_disk() {
         headers: vec![],
         body: None,
     };
-    store.complete("a", token, ok, 5_000, 0).await.unwrap();
+    store.complete("a", token, &ok, 5_000, 0).await.unwrap();
     assert_eq!(
         store.durable_commits(),
         before + 1,
@@ -652,7 +655,7 @@ async fn sweep_deletes_only_what_is_due_in_batches() {
             .complete(
                 &key,
                 token,
-                StoredResponse {
+                &StoredResponse {
                     status: 200,
                     headers: vec![],
                     body: None,
@@ -751,11 +754,14 @@ async fn a_failed_commit_stops_the_store_until_a_restart() {
     };
     let token = LeaseToken::random();
     store.begin("done", &req(token, 0)).await.unwrap();
-    store.complete("done", token, ok.clone(), 5_000, 0).await.unwrap();
+    store
+        .complete("done", token, &ok.clone(), 5_000, 0)
+        .await
+        .unwrap();
     let token = LeaseToken::random();
     store.begin("x", &req(token, 0)).await.unwrap();
     fail.store(true, Ordering::SeqCst);
-    assert!(store.complete("x", token, ok.clone(), 5_000, 0).await.is_err());
+    assert!(store.complete("x", token, &ok.clone(), 5_000, 0).await.is_err());
     assert_eq!(
         store.reserved.lock("x").get("x").map(|e| e.state),
         Some(State::Memory),
@@ -812,7 +818,7 @@ fn replies_go_through_the_answerer_and_around_it_once_its_runtime_ends() {
                 store.begin(key, &req(token, 0)).await,
                 Ok(Begin::Acquired { .. })
             ));
-            store.complete(key, token, body(0, 0), 5_000, 0).await
+            store.complete(key, token, &body(0, 0), 5_000, 0).await
         }
     };
     let mut first = callers.spawn(miss("a"));
@@ -852,7 +858,7 @@ async fn a_takeover_on_a_stale_snapshot_decides_again() {
         body: Some(b"once".to_vec().into()),
     };
     store
-        .complete("k", owner, ok.clone(), 5_000, 1_500)
+        .complete("k", owner, &ok.clone(), 5_000, 1_500)
         .await
         .unwrap();
     assert!(

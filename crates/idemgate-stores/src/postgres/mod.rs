@@ -498,12 +498,12 @@ impl Store for PostgresStore {
         &self,
         key: &str,
         token: LeaseToken,
-        response: StoredResponse,
+        response: &StoredResponse,
         retention_ms: u64,
         now: Millis,
     ) -> Result<(), StoreError> {
         let tok = token_bytes(token);
-        let body = encode_response(&response);
+        let body = encode_response(response);
         let expires_at = db_ms(now + retention_ms);
         let updated = with_conn!(self, |c| {
             let st = self.prepare(c, sql::COMPLETE).await?;

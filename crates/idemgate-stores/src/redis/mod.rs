@@ -541,13 +541,13 @@ impl Store for RedisStore {
         &self,
         key: &str,
         token: LeaseToken,
-        response: StoredResponse,
+        response: &StoredResponse,
         retention_ms: u64,
         now: Millis,
     ) -> Result<(), StoreError> {
         let expires_at = now + retention_ms;
         let (exp, px) = (Decimal::new(expires_at), pexpireat(expires_at));
-        let body = encode_response(&response);
+        let body = encode_response(response);
         let deadline = self.deadline();
         // The record as this replica last wrote it, unless that has expired (the script
         // fences that) or the server refuses `IFEQ`.
