@@ -171,33 +171,10 @@ pub fn complete(
 ) -> Result<Write, Fenced> {
     let rec = existing.ok_or(Fenced)?;
     // A copy only for the owner's completion; the other answers need none.
-    Ok(
-        match complete_at(Some(rec.standing()), token, retention_ms, now)? {
-            Some(expires_at) => completed(rec.clone(), token, response, expires_at),
-            None => Write::Keep,
-        },
-    )
-}
-
-/// [`complete`] on a record the caller has decoded for this call: the completed record is built
-/// from it instead of a copy (its route and operation id are not allocated again).
-///
-/// # Errors
-/// [`Fenced`] when `token` is not the record's owner.
-pub fn complete_taking(
-    existing: Option<Record>,
-    token: LeaseToken,
-    response: StoredResponse,
-    retention_ms: u64,
-    now: Millis,
-) -> Result<Write, Fenced> {
-    let rec = existing.ok_or(Fenced)?;
-    Ok(
-        match complete_at(Some(rec.standing()), token, retention_ms, now)? {
-            Some(expires_at) => completed(rec, token, response, expires_at),
-            None => Write::Keep,
-        },
-    )
+    Ok(match completion(rec.standing(), token, retention_ms, now)? {
+        Some(expires_at) => completed(rec.clone(), token, response, expires_at),
+        None => Write::Keep,
+    })
 }
 
 /// [`complete`] decided on a record's [`Standing`] alone, for a store that can read it without
@@ -207,14 +184,13 @@ pub fn complete_taking(
 /// completed it (a retry after it took effect: nothing to write).
 ///
 /// # Errors
-/// [`Fenced`] when `token` is not the record's owner, or there is no record.
-pub fn complete_at(
-    standing: Option<Standing>,
+/// [`Fenced`] when `token` is not the record's owner (a store fences a missing record itself).
+pub fn completion(
+    rec: Standing,
     token: LeaseToken,
     retention_ms: u64,
     now: Millis,
 ) -> Result<Option<Millis>, Fenced> {
-    let rec = standing.ok_or(Fenced)?;
     // An expired record is gone (the owner lost it), whether or not a sweep has removed it yet.
     if now >= rec.expires_at || rec.token != token {
         return Err(Fenced);
@@ -223,18 +199,19 @@ pub fn complete_at(
     Ok((!rec.completed).then_some(now + retention_ms))
 }
 
-/// What [`complete_at`] needs of a record.
+/// What [`completion`] needs of a record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Standing {
     /// The current (or last) owner's token.
     pub token: LeaseToken,
     /// Whether the record holds an outcome.
     pub completed: bool,
+    /// When the record is gone (see [`Record::is_live`]).
     pub expires_at: Millis,
 }
 
 impl Record {
-    /// The fields [`complete_at`] decides on.
+    /// The fields [`completion`] decides on.
     #[must_use]
     pub fn standing(&self) -> Standing {
         Standing {

@@ -52,8 +52,9 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send;
 
     /// The owner stores its final outcome; durable before this returns (for durable stores).
-    /// The response is borrowed: a store copies what it keeps, and the caller keeps it to try
-    /// again after a store error (every store here encodes it, so most need no copy of it).
+    /// The response is borrowed: the caller keeps it to try again after a store error, and a
+    /// store copies what it keeps (the memory, Redis and PostgreSQL stores encode it on their
+    /// common path and need no copy; the embedded store copies it).
     fn complete(
         &self,
         key: &str,

@@ -301,8 +301,7 @@ pub async fn expired_records_cannot_be_completed<S: Store>(store: Arc<S>) {
     let now = now_millis();
     let owner = LeaseToken::random();
     assert_acquired(&store.begin(&key, &req(owner, fp(1), now, true)).await.unwrap());
-    // With takeover, an in-flight record expires after the longer of lease and retention.
-    let expiry = now + 60_000;
+    let expiry = store.get(&key, now).await.unwrap().expect("record").expires_at;
     let err = store
         .complete(&key, owner, &response(b"late"), 60_000, expiry)
         .await;

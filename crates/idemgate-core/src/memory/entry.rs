@@ -1,5 +1,6 @@
 //! The encoding of one entry: the layout in the [module documentation](super), written by
-//! [`write_entry`] and read back by [`decode`]. Nothing here touches a table or a lock.
+//! [`write_entry`] and read back by [`decode`], and the completion of an in-flight entry without
+//! either ([`Head::read`], [`Head::write_completed`]). Nothing here touches a table or a lock.
 
 use bytes::Bytes;
 
@@ -155,19 +156,19 @@ impl Encode for Fresh<'_> {
 }
 
 /// An in-flight entry completed, written from its [`Head`].
-pub(super) struct Completed<'a> {
+pub(super) struct Completion<'a> {
     pub(super) head: &'a Head<'a>,
     pub(super) response: &'a StoredResponse,
     pub(super) expires_at: Millis,
 }
 
-impl Encode for Completed<'_> {
+impl Encode for Completion<'_> {
     fn write(&self, out: &mut impl Sink) {
         self.head.write_completed(out, self.response, self.expires_at);
     }
 }
 
-pub(super) fn write_entry(out: &mut impl Sink, key: &str, rec: &Record, route: Option<usize>, op: &OpId<'_>) {
+fn write_entry(out: &mut impl Sink, key: &str, rec: &Record, route: Option<usize>, op: &OpId<'_>) {
     out.bytes(key.as_bytes());
     let (completed, has_body) = match &rec.state {
         RecordState::InFlight { .. } => (false, false),
@@ -277,6 +278,14 @@ impl<'a> Head<'a> {
             r.take(n)?;
         }
         let fields = &entry[start..entry.len() - r.0.len()];
+        // An in-flight entry ends with its lease. One that does not is refused here as `decode`
+        // refuses it, rather than copied into a completed entry.
+        if flags & COMPLETED == 0 {
+            r.varint()?;
+            if !r.0.is_empty() {
+                return Err(Corrupt("trailing bytes"));
+            }
+        }
         Ok(Self {
             key,
             flags,

@@ -22,7 +22,7 @@
 //! Records are decoded into a `Record` on access (the [`rules`] work on `Option<&Record>`) and
 //! encoded again when a rule writes one; both take well under a microsecond, against tens of
 //! microseconds for the proxied request around them. `complete`, which every miss makes, does
-//! neither: [`rules::complete_at`] decides on the fields at the entry's head, and the completed
+//! neither: [`rules::completion`] decides on the fields at the entry's head, and the completed
 //! entry is the in-flight one's bytes up to its route followed by the response (decoding the
 //! record and encoding it again cost a miss about 1,300 instructions, by callgrind).
 //!
@@ -69,7 +69,7 @@ use crate::rules::{self, Begin, BeginRequest, Write};
 use crate::store::{Store, StoreError};
 
 mod entry;
-use entry::{Completed, Corrupt, Fresh, Head, OpId, entry_expires_at, entry_key, exact};
+use entry::{Completion, Corrupt, Fresh, Head, OpId, entry_expires_at, entry_key, exact};
 
 const SHARDS: usize = 64;
 const _: () = assert!(SHARDS.is_power_of_two() && SHARDS <= 128);
@@ -262,7 +262,7 @@ impl MemoryStore {
             .find(hash, |s| s.is(hash, key))
             .map(|s| self.decode(&s.entry))
             .transpose()
-            .map_err(|e| StoreError::Corrupt(Box::new(e)))
+            .map_err(corrupt)
     }
 
     /// Applies a rule's write to a locked shard, keeping the byte count.
@@ -280,11 +280,10 @@ impl MemoryStore {
     }
 
     fn put(&self, table: &mut Table, hash: u64, key: &str, entry: Entry) {
-        let add = cost(&entry);
         match table.entry(hash, |s| s.is(hash, key), |s| s.hash) {
             Slot::Occupied(mut slot) => self.replace(slot.get_mut(), entry),
             Slot::Vacant(slot) => {
-                let new_bucket = expiry_bucket(&entry);
+                let (add, new_bucket) = (cost(&entry), expiry_bucket(&entry));
                 slot.insert(Stored { hash, entry });
                 self.used.fetch_add(add, Ordering::Relaxed);
                 self.index(hash, new_bucket, None);
@@ -440,24 +439,18 @@ impl Store for MemoryStore {
     ) -> Result<(), StoreError> {
         {
             let (hash, mut table) = self.shard(key);
-            let slot = table.find_mut(hash, |s| s.is(hash, key));
+            // No record: nothing of this owner's is left (released, purged or swept).
+            let slot = table.find_mut(hash, |s| s.is(hash, key)).ok_or(rules::Fenced)?;
             // Decided on the entry's head and written from it: the record is never decoded, so
             // its operation id and route are neither allocated nor parsed again.
-            let head = slot
-                .as_ref()
-                .map(|s| Head::read(&s.entry))
-                .transpose()
-                .map_err(corrupt)?;
-            let expires_at = rules::complete_at(head.as_ref().map(|h| h.standing), token, retention_ms, now)?;
-            if let (Some(expires_at), Some(head)) = (expires_at, head) {
-                let entry = exact(&Completed {
+            let head = Head::read(&slot.entry).map_err(corrupt)?;
+            if let Some(expires_at) = rules::completion(head.standing, token, retention_ms, now)? {
+                let entry = exact(&Completion {
                     head: &head,
                     response,
                     expires_at,
                 });
-                if let Some(slot) = slot {
-                    self.replace(slot, entry);
-                }
+                self.replace(slot, entry);
             }
         }
         self.notifier.notify(key);
@@ -492,7 +485,7 @@ impl Store for MemoryStore {
         if entry_expires_at(entry).is_some_and(|at| now >= at) {
             return Ok(None);
         }
-        let rec = self.decode(entry).map_err(|e| StoreError::Corrupt(Box::new(e)))?;
+        let rec = self.decode(entry).map_err(corrupt)?;
         Ok(rec.is_live(now).then_some(rec))
     }
 

@@ -503,11 +503,13 @@ impl Store for EmbeddedStore {
         now: Millis,
     ) -> Result<(), StoreError> {
         self.check_running()?;
+        // The store keeps the response: copied here, outside the shard's lock.
+        let response = response.clone();
         let decided = {
             let mut shard = self.reserved.lock(key);
             match shard.get_mut(key) {
                 Some(entry) if entry.state != State::Durable && entry.token() == Some(token) => {
-                    match rules::complete(Some(&entry.record), token, response.clone(), retention_ms, now) {
+                    match rules::complete(Some(&entry.record), token, response, retention_ms, now) {
                         Ok(Write::Put(record)) => {
                             // In flight to everyone until the writer's commit shows the outcome.
                             entry.state = State::Completing;
@@ -543,7 +545,7 @@ impl Store for EmbeddedStore {
                 self.call(|reply| Op::Complete {
                     key: key.to_owned(),
                     token,
-                    response: response.clone(),
+                    response,
                     retention_ms,
                     now,
                     reply,

@@ -555,19 +555,11 @@ async fn takeable_reservations_stay_in_memory() {
         headers: vec![],
         body: None,
     };
-    assert!(
-        store
-            .complete("a", first, &ok.clone(), 5_000, 1_700)
-            .await
-            .is_err()
-    );
+    assert!(store.complete("a", first, &ok, 5_000, 1_700).await.is_err());
     assert!(store.release("a", first).await.is_err());
     assert_eq!(store.commits(), before, "nothing reached redb yet");
     assert!(store.read("a").unwrap().is_none());
-    store
-        .complete("a", second, &ok.clone(), 5_000, 1_700)
-        .await
-        .unwrap();
+    store.complete("a", second, &ok, 5_000, 1_700).await.unwrap();
     assert_eq!(store.reserved.len(), 0, "the outcome replaced the reservation");
     assert!(matches!(
         store.read("a").unwrap().map(|r| r.state),
@@ -754,14 +746,11 @@ async fn a_failed_commit_stops_the_store_until_a_restart() {
     };
     let token = LeaseToken::random();
     store.begin("done", &req(token, 0)).await.unwrap();
-    store
-        .complete("done", token, &ok.clone(), 5_000, 0)
-        .await
-        .unwrap();
+    store.complete("done", token, &ok, 5_000, 0).await.unwrap();
     let token = LeaseToken::random();
     store.begin("x", &req(token, 0)).await.unwrap();
     fail.store(true, Ordering::SeqCst);
-    assert!(store.complete("x", token, &ok.clone(), 5_000, 0).await.is_err());
+    assert!(store.complete("x", token, &ok, 5_000, 0).await.is_err());
     assert_eq!(
         store.reserved.lock("x").get("x").map(|e| e.state),
         Some(State::Memory),
@@ -857,10 +846,7 @@ async fn a_takeover_on_a_stale_snapshot_decides_again() {
         headers: vec![],
         body: Some(b"once".to_vec().into()),
     };
-    store
-        .complete("k", owner, &ok.clone(), 5_000, 1_500)
-        .await
-        .unwrap();
+    store.complete("k", owner, &ok, 5_000, 1_500).await.unwrap();
     assert!(
         matches!(
             store.read("k").unwrap().map(|r| r.state),
