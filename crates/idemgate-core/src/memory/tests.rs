@@ -313,6 +313,27 @@ proptest! {
     }
 }
 
+/// `complete` copies an in-flight entry's bytes into the completed one, so its reader refuses an
+/// entry `decode` refuses for its tail: without its lease, or with bytes after it.
+#[test]
+fn completion_refuses_an_in_flight_entry_with_a_damaged_tail() {
+    let store = MemoryStore::new(usize::MAX);
+    let (key, mut rec) = typical(b"{}");
+    rec.state = RecordState::InFlight {
+        token: rec.token(),
+        lease_until: rec.created_at + 30_000,
+    };
+    let entry = store.encode(&key, &rec);
+    assert!(Head::read(&entry).is_ok());
+    let cut = &entry[..entry.len() - 1];
+    let mut longer = entry.to_vec();
+    longer.push(0);
+    for damaged in [cut, &longer[..]] {
+        assert!(store.decode(damaged).is_err());
+        assert!(Head::read(damaged).is_err(), "{damaged:?}");
+    }
+}
+
 #[test]
 fn gateway_operation_ids_are_packed_and_others_kept_verbatim() {
     let id = crate::engine::new_operation_id();
