@@ -78,10 +78,10 @@ impl<S: Store> Renewer<S> {
     }
 
     /// Starts renewing `key` for `token`, whose lease was written by a call sent at `sent`; the
-    /// id stops it again.
+    /// id stops it again. The key is the execution's own, shared.
     pub(crate) fn hold(
         self: &Arc<Self>,
-        key: &str,
+        key: Arc<str>,
         token: LeaseToken,
         lease: Duration,
         sent: Instant,
@@ -95,7 +95,7 @@ impl<S: Store> Renewer<S> {
         state.held.insert(
             id,
             Held {
-                key: key.into(),
+                key,
                 token,
                 lease,
                 due,

@@ -65,7 +65,9 @@ pub fn begin(existing: Option<&Record>, req: &BeginRequest<'_>) -> (Begin, Write
     let Some(rec) = existing.filter(|r| r.is_live(req.now)) else {
         // Absent, or expired and so gone whether or not a sweep has removed it yet: a first
         // owner, generation 1 (never counting on from an expired record the sweep may keep).
-        return acquire(req, req.operation_id.to_owned(), 1, false);
+        let (answer, acquisition) = begin_absent(req);
+        let record = acquisition.record(req, req.operation_id.to_owned());
+        return (answer, Write::Put(record));
     };
     let same = same_request(rec, req);
     match &rec.state {
@@ -128,26 +130,7 @@ fn same_request(rec: &Record, req: &BeginRequest<'_>) -> bool {
 }
 
 fn acquire(req: &BeginRequest<'_>, operation_id: String, generation: u64, took_over: bool) -> (Begin, Write) {
-    let record = Record {
-        state: RecordState::InFlight {
-            token: req.token,
-            lease_until: req.now + req.lease_ms,
-        },
-        fingerprint: req.fingerprint,
-        route: req.route.to_owned(),
-        operation_id: operation_id.clone(),
-        created_at: req.now,
-        // With takeover, a dead owner's record lives as long as a completed one would. Without
-        // (`on_lease_expiry: fail`, money movement) it never expires: the key answers
-        // `outcome-unknown` until an operator purges it (SPEC 4), because letting it lapse
-        // would let the operation run twice.
-        expires_at: if req.takeover {
-            req.now + req.lease_ms.max(req.retention_ms)
-        } else {
-            Millis::MAX
-        },
-        generation,
-    };
+    let record = Acquisition::of(req, generation).record(req, operation_id.clone());
     (
         Begin::Acquired {
             operation_id,
@@ -156,6 +139,66 @@ fn acquire(req: &BeginRequest<'_>, operation_id: String, generation: u64, took_o
         },
         Write::Put(record),
     )
+}
+
+/// [`begin`] where the key has no record at all: always a first owner. A store that writes its
+/// records itself (the memory store) writes the in-flight record from these terms and the
+/// request, without building a [`Record`] (its operation id and route copied) only to encode it.
+#[must_use]
+pub fn begin_absent(req: &BeginRequest<'_>) -> (Begin, Acquisition) {
+    let acquisition = Acquisition::of(req, 1);
+    let answer = Begin::Acquired {
+        operation_id: req.operation_id.to_owned(),
+        generation: acquisition.generation,
+        took_over: false,
+    };
+    (answer, acquisition)
+}
+
+/// The terms of the in-flight record a new owner writes: with the request's token,
+/// fingerprint, route and operation id, the whole record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Acquisition {
+    pub generation: u64,
+    pub created_at: Millis,
+    pub lease_until: Millis,
+    pub expires_at: Millis,
+}
+
+impl Acquisition {
+    fn of(req: &BeginRequest<'_>, generation: u64) -> Self {
+        Self {
+            generation,
+            created_at: req.now,
+            lease_until: req.now + req.lease_ms,
+            // With takeover, a dead owner's record lives as long as a completed one would.
+            // Without (`on_lease_expiry: fail`, money movement) it never expires: the key
+            // answers `outcome-unknown` until an operator purges it (SPEC 4), because letting it
+            // lapse would let the operation run twice.
+            expires_at: if req.takeover {
+                req.now + req.lease_ms.max(req.retention_ms)
+            } else {
+                Millis::MAX
+            },
+        }
+    }
+
+    /// The in-flight record these terms make for `req`.
+    #[must_use]
+    pub fn record(&self, req: &BeginRequest<'_>, operation_id: String) -> Record {
+        Record {
+            state: RecordState::InFlight {
+                token: req.token,
+                lease_until: self.lease_until,
+            },
+            fingerprint: req.fingerprint,
+            route: req.route.to_owned(),
+            operation_id,
+            created_at: self.created_at,
+            expires_at: self.expires_at,
+            generation: self.generation,
+        }
+    }
 }
 
 /// Decides `complete`: the owner stores its final outcome.

@@ -21,14 +21,15 @@ use crate::store::{Store, StoreError};
 /// rule decides later (exactly as if the process had died).
 pub struct Execution<S: Store> {
     store: Arc<S>,
-    key: String,
+    /// Shared with the lease renewal and the key's lead (one copy per execution).
+    key: Arc<str>,
     token: LeaseToken,
     operation_id: String,
     retention: Duration,
     store_server_errors: bool,
     /// What the record was begun for, handed with the outcome to local waiters.
     fingerprint: Fingerprint,
-    route: String,
+    route: Arc<str>,
     renewer: Arc<Renewer<S>>,
     /// The lease renewal's id while it runs.
     renewal: Option<u64>,
@@ -44,24 +45,24 @@ impl<S: Store> Execution<S> {
     pub(super) fn start(
         store: Arc<S>,
         renewer: &Arc<Renewer<S>>,
-        (fingerprint, route): (Fingerprint, &str),
-        key: &str,
+        (fingerprint, route): (Fingerprint, Arc<str>),
+        key: Arc<str>,
         // The lease's token, and an instant no later than the wall-clock time its end was
         // computed from.
         (token, sent): (LeaseToken, Instant),
         operation_id: String,
         policy: &Policy,
     ) -> Self {
-        let renewal = Some(renewer.hold(key, token, policy.lease, sent));
+        let renewal = Some(renewer.hold(key.clone(), token, policy.lease, sent));
         Self {
             store,
-            key: key.to_owned(),
+            key,
             token,
             operation_id,
             retention: policy.retention,
             store_server_errors: policy.store_server_errors,
             fingerprint,
-            route: route.to_owned(),
+            route,
             renewer: renewer.clone(),
             renewal,
             lease: policy.lease,
@@ -149,7 +150,7 @@ impl<S: Store> Execution<S> {
                 if done.is_ok() {
                     self.store.notifier().publish(&self.key, || Handoff {
                         fingerprint: self.fingerprint,
-                        route: self.route.clone(),
+                        route: self.route.to_string(),
                         operation_id: self.operation_id.clone(),
                         response: response.clone(),
                         expires_at: now + retention,

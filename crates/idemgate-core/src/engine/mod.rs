@@ -220,6 +220,9 @@ impl<S: Store> Engine<S> {
         // again (see `Store::remote`).
         let mut subscription = (self.store.remote() && waits).then(|| self.store.notifier().subscribe(key));
         let mut lead: Option<Lead> = None;
+        // The key and route as the lead, the execution and its lease renewal share them: copied
+        // once, when first needed (a lead, or the key acquired).
+        let mut shared: Option<(Arc<str>, Arc<str>)> = None;
         let mut lead_sub: Option<Subscription> = None;
         let mut gate = waits;
         let mut first_round = true;
@@ -234,7 +237,8 @@ impl<S: Store> Engine<S> {
             // deadline, ask the store for the real answer.
             if gate && lead.is_none() && now < wait_until {
                 let notifier = self.store.notifier();
-                match self.leads.try_lead(key, (fingerprint, route), notifier) {
+                let (k, r) = shared.get_or_insert_with(|| (key.into(), route.into()));
+                match self.leads.try_lead(k, (fingerprint, r), notifier) {
                     Ok(l) => {
                         lead = Some(l);
                         lead_sub = None;
@@ -292,11 +296,12 @@ impl<S: Store> Engine<S> {
             };
             let lease_until = match answer? {
                 Begin::Acquired { operation_id, .. } => {
+                    let (k, r) = shared.take().unwrap_or_else(|| (key.into(), route.into()));
                     let mut exec = Execution::start(
                         self.store.clone(),
                         &self.renewer,
-                        (fingerprint, route),
-                        key,
+                        (fingerprint, r),
+                        k,
                         (token, at),
                         operation_id,
                         policy,

@@ -8,7 +8,7 @@ use super::Routes;
 use crate::engine::OperationId;
 use crate::fingerprint::Fingerprint;
 use crate::record::{LeaseToken, Millis, Record, RecordState, StoredResponse};
-use crate::rules::Standing;
+use crate::rules::{Acquisition, BeginRequest, Standing};
 
 /// A compression dictionary for stored header names: the storable response headers of
 /// [`crate::engine::is_storable_header`] (kept in upstream order there, not here). A name not in
@@ -151,8 +151,74 @@ pub(super) struct Fresh<'a> {
 
 impl Encode for Fresh<'_> {
     fn write(&self, out: &mut impl Sink) {
-        write_entry(out, self.key, self.rec, self.route, &self.op);
+        let rec = self.rec;
+        write_entry(
+            out,
+            &Fields {
+                key: self.key,
+                fingerprint: &rec.fingerprint,
+                token: rec.token(),
+                generation: rec.generation,
+                created_at: rec.created_at,
+                expires_at: rec.expires_at,
+                op: &self.op,
+                route: (self.route, &rec.route),
+                tail: match &rec.state {
+                    RecordState::InFlight { lease_until, .. } => Tail::Lease(*lease_until),
+                    RecordState::Completed { response, .. } => Tail::Response(response),
+                },
+            },
+        );
     }
+}
+
+/// A new owner's in-flight entry, written from its request and the rule's terms
+/// ([`crate::rules::begin_absent`]): the record [`Acquisition::record`] would build, never built.
+pub(super) struct Acquired<'a> {
+    pub(super) key: &'a str,
+    pub(super) req: &'a BeginRequest<'a>,
+    pub(super) terms: &'a Acquisition,
+    pub(super) route: Option<usize>,
+    pub(super) op: OpId<'a>,
+}
+
+impl Encode for Acquired<'_> {
+    fn write(&self, out: &mut impl Sink) {
+        write_entry(
+            out,
+            &Fields {
+                key: self.key,
+                fingerprint: &self.req.fingerprint,
+                token: self.req.token,
+                generation: self.terms.generation,
+                created_at: self.terms.created_at,
+                expires_at: self.terms.expires_at,
+                op: &self.op,
+                route: (self.route, self.req.route),
+                tail: Tail::Lease(self.terms.lease_until),
+            },
+        );
+    }
+}
+
+/// An entry's fields, borrowed from wherever they are.
+struct Fields<'a> {
+    key: &'a str,
+    fingerprint: &'a Fingerprint,
+    token: LeaseToken,
+    generation: u64,
+    created_at: Millis,
+    expires_at: Millis,
+    op: &'a OpId<'a>,
+    /// The route's index among the interned ones, and its name (written when not interned).
+    route: (Option<usize>, &'a str),
+    tail: Tail<'a>,
+}
+
+/// What follows the route: an in-flight entry's lease end, or a completed one's response.
+enum Tail<'a> {
+    Lease(Millis),
+    Response(&'a StoredResponse),
 }
 
 /// An in-flight entry completed, written from its [`Head`].
@@ -168,31 +234,31 @@ impl Encode for Completion<'_> {
     }
 }
 
-fn write_entry(out: &mut impl Sink, key: &str, rec: &Record, route: Option<usize>, op: &OpId<'_>) {
-    out.bytes(key.as_bytes());
-    let (completed, has_body) = match &rec.state {
-        RecordState::InFlight { .. } => (false, false),
-        RecordState::Completed { response, .. } => (true, response.body.is_some()),
+fn write_entry(out: &mut impl Sink, f: &Fields<'_>) {
+    out.bytes(f.key.as_bytes());
+    let (completed, has_body) = match &f.tail {
+        Tail::Lease(_) => (false, false),
+        Tail::Response(response) => (true, response.body.is_some()),
     };
-    let flags = flags(op.form(), completed, has_body, rec.expires_at);
-    write_times(out, flags, rec.created_at, rec.expires_at);
-    out.put(&rec.fingerprint.0);
-    out.put(&rec.token().0.to_le_bytes());
-    out.varint(rec.generation);
-    match op {
+    let flags = flags(f.op.form(), completed, has_body, f.expires_at);
+    write_times(out, flags, f.created_at, f.expires_at);
+    out.put(&f.fingerprint.0);
+    out.put(&f.token.0.to_le_bytes());
+    out.varint(f.generation);
+    match f.op {
         OpId::Raw(s) => out.bytes(s.as_bytes()),
         OpId::Uuid(_, b) => out.put(b),
     }
-    match route {
-        Some(i) => out.len(i + 1),
-        None => {
+    match f.route {
+        (Some(i), _) => out.len(i + 1),
+        (None, name) => {
             out.varint(0);
-            out.bytes(rec.route.as_bytes());
+            out.bytes(name.as_bytes());
         }
     }
-    match &rec.state {
-        RecordState::InFlight { lease_until, .. } => out.varint(to_delta(rec.created_at, *lease_until)),
-        RecordState::Completed { response, .. } => write_response(out, response),
+    match f.tail {
+        Tail::Lease(lease_until) => out.varint(to_delta(f.created_at, lease_until)),
+        Tail::Response(response) => write_response(out, response),
     }
 }
 

@@ -69,7 +69,7 @@ use crate::rules::{self, Begin, BeginRequest, Write};
 use crate::store::{Store, StoreError};
 
 mod entry;
-use entry::{Completion, Corrupt, Fresh, Head, OpId, entry_expires_at, entry_key, exact};
+use entry::{Acquired, Completion, Corrupt, Fresh, Head, OpId, entry_expires_at, entry_key, exact};
 
 const SHARDS: usize = 64;
 const _: () = assert!(SHARDS.is_power_of_two() && SHARDS <= 128);
@@ -415,6 +415,23 @@ impl Store for MemoryStore {
     async fn begin(&self, key: &str, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
         let (hash, mut table) = self.shard(key);
         let mut existing = self.find(&table, hash, key)?;
+        if existing.is_none() {
+            // A key never seen (a miss): the in-flight entry is written straight from the
+            // request and the rule's terms.
+            let (answer, terms) = rules::begin_absent(req);
+            let entry = exact(&Acquired {
+                key,
+                req,
+                terms: &terms,
+                route: self.routes.intern(req.route),
+                op: OpId::of(req.operation_id),
+            });
+            if self.used.load(Ordering::Relaxed) + cost(&entry) > self.max_bytes {
+                return Err(StoreError::Full);
+            }
+            self.put(&mut table, hash, key, entry);
+            return Ok(answer);
+        }
         let (answer, write) = rules::begin_taking(&mut existing, req);
         if let Write::Put(rec) = write {
             let entry = self.encode(key, &rec);

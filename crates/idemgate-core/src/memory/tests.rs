@@ -1,4 +1,6 @@
 use bytes::Bytes;
+use std::future::Future;
+
 use proptest::prelude::*;
 
 use super::entry::{HEADER_NAMES, OP_HYPHENATED_UUID, OP_PREFIXED_UUID};
@@ -310,6 +312,53 @@ proptest! {
             }
             (expected, decided) => prop_assert!(false, "expected {expected:?}, decided {decided:?}"),
         }
+    }
+}
+
+proptest! {
+    /// `begin` on a key with no record writes its in-flight entry straight from the request:
+    /// it must answer as `rules::begin` does and write, byte for byte, the entry of the record
+    /// that rule puts.
+    #[test]
+    fn a_first_begin_writes_the_record_the_rule_would(
+        key in ".{0,40}",
+        (fp, token) in (any::<[u8; 32]>(), any::<u128>()),
+        route in prop_oneof!["[a-z]{1,6}", ".{0,20}"],
+        operation_id in operation_id(),
+        (lease_ms, retention_ms, now) in (0..1u64 << 40, 0..1u64 << 40, 0..1u64 << 60),
+        takeover in any::<bool>(),
+        inline_route in any::<bool>(),
+    ) {
+        let store = MemoryStore::new(usize::MAX);
+        if inline_route {
+            for i in 0..ROUTE_SLOTS {
+                store.routes.intern(&format!("\u{0}filler-{i}"));
+            }
+        }
+        let req = BeginRequest {
+            fingerprint: Fingerprint(fp),
+            route: &route,
+            token: LeaseToken(token),
+            operation_id: &operation_id,
+            lease_ms,
+            retention_ms,
+            takeover,
+            now,
+        };
+        let (expected, write) = rules::begin(None, &req);
+        let Write::Put(rec) = write else {
+            return Err(TestCaseError::fail("the rule puts a record for a new key"));
+        };
+        // The memory store decides without awaiting anything: one poll answers.
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let std::task::Poll::Ready(answer) = std::pin::pin!(store.begin(&key, &req)).poll(&mut cx) else {
+            return Err(TestCaseError::fail("the memory store's begin is pending"));
+        };
+        let answer = answer.unwrap();
+        prop_assert_eq!(answer, expected);
+        let (hash, table) = store.shard(&key);
+        let written = &table.find(hash, |s| s.is(hash, &key)).unwrap().entry;
+        prop_assert_eq!(written, &store.encode(&key, &rec));
     }
 }
 

@@ -377,9 +377,10 @@ impl Gateway {
         };
         let (mut head, body) = resp.into_parts();
         let (stored_body, rest) = match read_limited(body, route.engine.max_response_bytes).await {
-            // The stored copy gets its own allocation: `b` may be a view into a much larger
-            // read buffer, which a long-lived record would otherwise keep alive.
-            Ok(Read::Complete(b)) => (Some(Bytes::copy_from_slice(&b)), full(b)),
+            // Shared, not copied: `b` may be a view into a much larger read buffer, but no store
+            // keeps the response itself past the call (each keeps its own encoding; see
+            // `Store::complete`), and a waiter handed it answers and lets it go.
+            Ok(Read::Complete(b)) => (Some(b.clone()), full(b)),
             Ok(Read::TooLarge(prefix, rest)) => (None, stream(Prefixed::new(prefix, rest))),
             Err(_) => {
                 self.finish(exec, Outcome::NoResponse).await;
