@@ -115,12 +115,27 @@ pub fn namespaced_key(
     principal: Option<&Principal>,
     raw: &str,
 ) -> Result<String, NamespaceError> {
-    let (tenant, project, subject) = match (scope, principal) {
+    let caller = principal.map(|p| (p.tenant.as_str(), p.project.as_str(), p.subject.as_str()));
+    namespaced_key_of(scope, caller, raw)
+}
+
+/// [`namespaced_key`] from the caller's tenant, project and subject, borrowed: a route that
+/// puts its own project in place of the caller's passes it without copying the principal.
+///
+/// # Errors
+///
+/// [`NamespaceError::MissingPrincipal`] for a scope other than global without a caller.
+pub fn namespaced_key_of(
+    scope: Scope,
+    caller: Option<(&str, &str, &str)>,
+    raw: &str,
+) -> Result<String, NamespaceError> {
+    let (tenant, project, subject) = match (scope, caller) {
         (Scope::Global, _) => (None, None, None),
         (_, None) => return Err(NamespaceError::MissingPrincipal(scope)),
-        (Scope::Tenant, Some(p)) => (Some(&p.tenant), None, None),
-        (Scope::Project, Some(p)) => (Some(&p.tenant), Some(&p.project), None),
-        (Scope::Subject, Some(p)) => (Some(&p.tenant), Some(&p.project), Some(&p.subject)),
+        (Scope::Tenant, Some((t, _, _))) => (Some(t), None, None),
+        (Scope::Project, Some((t, p, _))) => (Some(t), Some(p), None),
+        (Scope::Subject, Some((t, p, s))) => (Some(t), Some(p), Some(s)),
     };
     let components = [tenant, project, subject];
     // Sized exactly, so that building the key is one allocation.
