@@ -142,7 +142,7 @@ pub fn namespaced_key_of(
     let len = NAMESPACE_PREFIX.len()
         + components
             .iter()
-            .map(|c| c.map_or(WILDCARD.len(), |c| escaped_len(c)) + 1)
+            .map(|c| c.map_or(WILDCARD.len(), escaped_len) + 1)
             .sum::<usize>()
         + escaped_len(raw);
     let mut out = String::with_capacity(len);
