@@ -47,7 +47,7 @@ struct Held {
     leader: Leader,
 }
 
-/// The request leading a key: its fingerprint and route (shared with the key's execution).
+/// The request leading a key: its fingerprint and route (shared with its `Lead`).
 type Leader = (Fingerprint, Arc<str>);
 
 /// Why [`Leads::try_lead`] gave no lead.
@@ -78,31 +78,31 @@ impl Leads {
     }
 
     /// The lead of `key` for this request, unless another request of this process holds it.
-    /// The key and route are shared, not copied: the engine hands the same ones to the
-    /// execution and its lease renewal.
     pub(crate) fn try_lead(
         self: &Arc<Self>,
-        key: &Arc<str>,
-        (fingerprint, route): (Fingerprint, &Arc<str>),
+        key: &str,
+        request: (Fingerprint, &str),
         notifier: &Arc<Notifier>,
     ) -> Result<Lead, Taken> {
-        let hash = self.hasher.hash_one(&**key);
+        let hash = self.hasher.hash_one(key);
         let mut shard = self.shard(hash);
-        match shard.entry(hash, |h| h.key == *key, |h| h.hash) {
-            hashbrown::hash_table::Entry::Occupied(held) => {
-                Err(compare(&held.get().leader, (fingerprint, route)))
-            }
+        match shard.entry(hash, |h| *h.key == *key, |h| h.hash) {
+            hashbrown::hash_table::Entry::Occupied(held) => Err(compare(&held.get().leader, request)),
             hashbrown::hash_table::Entry::Vacant(slot) => {
+                // Copied here, once: the execution and its lease renewal share them
+                // (`Lead::shared`).
+                let (key, route): (Arc<str>, Arc<str>) = (key.into(), request.1.into());
                 slot.insert(Held {
                     hash,
                     key: key.clone(),
-                    leader: (fingerprint, route.clone()),
+                    leader: (request.0, route.clone()),
                 });
                 Ok(Lead {
                     leads: self.clone(),
                     notifier: notifier.clone(),
                     hash,
-                    key: key.clone(),
+                    key,
+                    route,
                 })
             }
         }
@@ -133,6 +133,14 @@ pub(crate) struct Lead {
     notifier: Arc<Notifier>,
     hash: u64,
     key: Arc<str>,
+    route: Arc<str>,
+}
+
+impl Lead {
+    /// The key and route as this lead holds them, for the execution that follows it to share.
+    pub(crate) fn shared(&self) -> (Arc<str>, Arc<str>) {
+        (self.key.clone(), self.route.clone())
+    }
 }
 
 impl Drop for Lead {
@@ -157,26 +165,25 @@ mod tests {
     async fn one_lead_per_key_and_dropping_it_wakes_waiters() {
         let leads = Arc::new(Leads::default());
         let notifier = Arc::new(Notifier::default());
-        let (k, r, r2): (Arc<str>, Arc<str>, Arc<str>) = ("k".into(), "r".into(), "r2".into());
-        let req = (Fingerprint([1; 32]), &r);
-        let first = leads.try_lead(&k, req, &notifier).ok().expect("free");
-        assert!(matches!(leads.try_lead(&k, req, &notifier), Err(Taken::Same)));
-        let body = (Fingerprint([2; 32]), &r);
-        assert!(matches!(leads.try_lead(&k, body, &notifier), Err(Taken::Other)));
-        let route = (Fingerprint([1; 32]), &r2);
-        assert!(matches!(leads.try_lead(&k, route, &notifier), Err(Taken::Other)));
+        let req = (Fingerprint([1; 32]), "r");
+        let first = leads.try_lead("k", req, &notifier).ok().expect("free");
+        assert!(matches!(leads.try_lead("k", req, &notifier), Err(Taken::Same)));
+        let body = (Fingerprint([2; 32]), "r");
+        assert!(matches!(leads.try_lead("k", body, &notifier), Err(Taken::Other)));
+        let route = (Fingerprint([1; 32]), "r2");
+        assert!(matches!(leads.try_lead("k", route, &notifier), Err(Taken::Other)));
         let other = leads
-            .try_lead(&"other".into(), req, &notifier)
+            .try_lead("other", req, &notifier)
             .ok()
             .expect("another key is free");
         let mut sub = notifier.subscribe("k");
-        assert!(matches!(leads.holder("k", (req.0, "r")), Some(Taken::Same)));
-        assert!(matches!(leads.holder("k", (body.0, "r")), Some(Taken::Other)));
+        assert!(matches!(leads.holder("k", req), Some(Taken::Same)));
+        assert!(matches!(leads.holder("k", body), Some(Taken::Other)));
         drop(first);
-        assert!(leads.holder("k", (req.0, "r")).is_none());
+        assert!(leads.holder("k", req).is_none());
         let woke = tokio::time::timeout(std::time::Duration::from_secs(5), sub.notified()).await;
         assert!(matches!(woke, Ok(None)), "a bare wake-up, no hand-off");
-        assert!(leads.try_lead(&k, req, &notifier).is_ok(), "free again");
+        assert!(leads.try_lead("k", req, &notifier).is_ok(), "free again");
         drop(other);
     }
 
@@ -187,11 +194,10 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lead_given_up_while_a_request_subscribes_wakes_it() {
         let req = (Fingerprint([1; 32]), "r");
-        let (k, r): (Arc<str>, Arc<str>) = ("k".into(), "r".into());
         for round in 0..2000 {
             let leads = Arc::new(Leads::default());
             let notifier = Arc::new(Notifier::default());
-            let lead = leads.try_lead(&k, (req.0, &r), &notifier).ok().expect("free");
+            let lead = leads.try_lead("k", req, &notifier).ok().expect("free");
             let waiter = tokio::spawn({
                 let (leads, notifier) = (leads.clone(), notifier.clone());
                 async move {

@@ -55,6 +55,23 @@ pub struct StoredResponse {
 }
 
 impl StoredResponse {
+    /// A copy whose bytes are its own. The response the gateway records shares its body with
+    /// the buffer it was read into from the upstream (8 KiB to hundreds); whatever keeps a
+    /// response beyond the call that recorded it keeps this copy, so that it does not hold that
+    /// buffer alive.
+    #[must_use]
+    pub fn compacted(&self) -> Self {
+        Self {
+            status: self.status,
+            headers: self
+                .headers
+                .iter()
+                .map(|(n, v)| (n.clone(), Bytes::copy_from_slice(v)))
+                .collect(),
+            body: self.body.as_deref().map(Bytes::copy_from_slice),
+        }
+    }
+
     /// Approximate heap size, used by the memory store's byte budget.
     #[must_use]
     pub fn approx_bytes(&self) -> usize {
@@ -114,5 +131,25 @@ impl Record {
             RecordState::Completed { response, .. } => response.approx_bytes(),
         };
         key.len() + self.route.len() + self.operation_id.len() + response + 160
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_compacted_response_is_equal_and_shares_no_bytes() {
+        let buffer = Bytes::from(vec![7u8; 64 * 1024]);
+        let response = StoredResponse {
+            status: 201,
+            headers: vec![("etag".into(), buffer.slice(0..4))],
+            body: Some(buffer.slice(100..124)),
+        };
+        let compacted = response.compacted();
+        assert_eq!(compacted, response);
+        let inside = |b: &Bytes| buffer.as_ptr_range().contains(&b.as_ptr());
+        assert!(!inside(compacted.body.as_ref().unwrap()));
+        assert!(!inside(&compacted.headers[0].1));
     }
 }

@@ -141,8 +141,9 @@ fn acquire(req: &BeginRequest<'_>, operation_id: String, generation: u64, took_o
     )
 }
 
-/// [`begin`] where the key has no record at all: always a first owner. A store that writes its
-/// records itself (the memory store) writes the in-flight record from these terms and the
+/// [`begin`] where the key has no live record (none, or an expired one): always a first owner,
+/// and what `begin` itself answers then. A store that writes its records itself (the memory
+/// store, for a key with no entry) writes the in-flight record from these terms and the
 /// request, without building a [`Record`] (its operation id and route copied) only to encode it.
 #[must_use]
 pub fn begin_absent(req: &BeginRequest<'_>) -> (Begin, Acquisition) {

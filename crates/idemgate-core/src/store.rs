@@ -53,11 +53,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// The owner stores its final outcome; durable before this returns (for durable stores).
     /// The response is borrowed: the caller keeps it to try again after a store error, and a
-    /// store copies what it keeps (the memory, Redis and PostgreSQL stores encode it and need
-    /// no copy; the embedded store holds a copy until its commit). Its body may be a view into
-    /// a larger buffer (the gateway hands over the body as read from the upstream): a store
-    /// that kept the response itself for the retention would hold that buffer alive, so a store
-    /// keeps records in its own encoding.
+    /// store copies what it keeps. Its body may be a view into a larger buffer (the gateway
+    /// hands over the body as read from the upstream), so a store never keeps the caller's
+    /// `Bytes` beyond the call: the memory, Redis and PostgreSQL stores encode the response, and
+    /// the embedded store, which holds it until its commit, holds
+    /// [`StoredResponse::compacted`].
     fn complete(
         &self,
         key: &str,

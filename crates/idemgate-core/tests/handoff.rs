@@ -199,3 +199,41 @@ async fn a_dropped_execution_does_not_hang_its_waiters() {
         "the waiter asked the store"
     );
 }
+
+/// The outcome handed to waiters stays with the key while it has subscribers, which a hot key
+/// may always have: it must not share the buffer the owner's response was read into (the
+/// gateway hands over the upstream body as a view into its read buffer).
+#[tokio::test]
+async fn the_handed_over_outcome_does_not_share_the_owner_s_buffer() {
+    let store = counting();
+    let engine = Engine::new(store.clone());
+    let (fp, policy) = (Fingerprint([1; 32]), Policy::default());
+    let Started::Execute(exec) = engine.begin("k", "r", fp, &policy).await.unwrap() else {
+        panic!("the first request executes");
+    };
+    let waiter = tokio::spawn({
+        let (engine, policy) = (engine.clone(), policy.clone());
+        async move { engine.begin("k", "r", fp, &policy).await }
+    });
+    asleep(&store, 1).await;
+    let buffer = Bytes::from(vec![7u8; 64 * 1024]);
+    let owned = StoredResponse {
+        status: 201,
+        headers: vec![("etag".into(), buffer.slice(0..4))],
+        body: Some(buffer.slice(100..124)),
+    };
+    exec.finish(Outcome::Response(owned.clone())).await.unwrap();
+    let Started::Replay { response, .. } = waiter.await.unwrap().unwrap() else {
+        panic!("the waiter replays");
+    };
+    assert_eq!(response, owned);
+    let inside = |b: &Bytes| buffer.as_ptr_range().contains(&b.as_ptr());
+    assert!(
+        !inside(response.body.as_ref().unwrap()),
+        "the body shares the owner's buffer"
+    );
+    assert!(
+        !inside(&response.headers[0].1),
+        "a header shares the owner's buffer"
+    );
+}

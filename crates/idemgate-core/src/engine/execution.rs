@@ -148,11 +148,13 @@ impl<S: Store> Execution<S> {
                     .complete(&self.key, self.token, response, retention, now)
                     .await;
                 if done.is_ok() {
+                    // Kept while the key has subscribers, which a hot key may always have:
+                    // bytes of its own (made only when someone is subscribed).
                     self.store.notifier().publish(&self.key, || Handoff {
                         fingerprint: self.fingerprint,
                         route: self.route.to_string(),
                         operation_id: self.operation_id.clone(),
-                        response: response.clone(),
+                        response: response.compacted(),
                         expires_at: now + retention,
                     });
                 }

@@ -220,9 +220,6 @@ impl<S: Store> Engine<S> {
         // again (see `Store::remote`).
         let mut subscription = (self.store.remote() && waits).then(|| self.store.notifier().subscribe(key));
         let mut lead: Option<Lead> = None;
-        // The key and route as the lead, the execution and its lease renewal share them: copied
-        // once, when first needed (a lead, or the key acquired).
-        let mut shared: Option<(Arc<str>, Arc<str>)> = None;
         let mut lead_sub: Option<Subscription> = None;
         let mut gate = waits;
         let mut first_round = true;
@@ -237,8 +234,7 @@ impl<S: Store> Engine<S> {
             // deadline, ask the store for the real answer.
             if gate && lead.is_none() && now < wait_until {
                 let notifier = self.store.notifier();
-                let (k, r) = shared.get_or_insert_with(|| (key.into(), route.into()));
-                match self.leads.try_lead(k, (fingerprint, r), notifier) {
+                match self.leads.try_lead(key, (fingerprint, route), notifier) {
                     Ok(l) => {
                         lead = Some(l);
                         lead_sub = None;
@@ -296,7 +292,11 @@ impl<S: Store> Engine<S> {
             };
             let lease_until = match answer? {
                 Begin::Acquired { operation_id, .. } => {
-                    let (k, r) = shared.take().unwrap_or_else(|| (key.into(), route.into()));
+                    // The key and route are copied once: the lead's copies, shared, or new ones
+                    // when there is no lead (`reject`, or past the wait).
+                    let (k, r) = lead
+                        .as_ref()
+                        .map_or_else(|| (key.into(), route.into()), Lead::shared);
                     let mut exec = Execution::start(
                         self.store.clone(),
                         &self.renewer,

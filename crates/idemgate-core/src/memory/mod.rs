@@ -416,8 +416,9 @@ impl Store for MemoryStore {
         let (hash, mut table) = self.shard(key);
         let mut existing = self.find(&table, hash, key)?;
         if existing.is_none() {
-            // A key never seen (a miss): the in-flight entry is written straight from the
-            // request and the rule's terms.
+            // A key with no entry (never seen, or released, purged or swept; an expired entry
+            // not yet swept takes the general path below): the in-flight entry is written
+            // straight from the request and the rule's terms.
             let (answer, terms) = rules::begin_absent(req);
             let entry = exact(&Acquired {
                 key,

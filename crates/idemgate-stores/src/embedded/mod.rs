@@ -503,8 +503,9 @@ impl Store for EmbeddedStore {
         now: Millis,
     ) -> Result<(), StoreError> {
         self.check_running()?;
-        // The store keeps the response: copied here, outside the shard's lock.
-        let response = response.clone();
+        // The store keeps the response until its commit, which a slow disk can put well past
+        // this call: copied here, outside the shard's lock, into bytes of its own.
+        let response = response.compacted();
         let decided = {
             let mut shard = self.reserved.lock(key);
             match shard.get_mut(key) {

@@ -926,32 +926,56 @@ fn the_writer_runs_as_a_batch_thread() {
 }
 
 /// The response `complete` is handed may share a larger buffer (the gateway hands over a body
-/// as read from the upstream); what the store keeps for the retention (redb, the cache of recent
-/// outcomes) must be bytes of its own, or a record would hold that buffer alive.
+/// as read from the upstream); what the store keeps (its reservation until the commit, redb, the
+/// cache of recent outcomes) must be bytes of its own, or a record would hold that buffer alive.
+/// Both ways an outcome is recorded: a reservation in memory (`on_lease_expiry: retry`) and one
+/// on disk (`fail`).
 #[tokio::test]
 async fn a_kept_response_does_not_share_the_caller_s_buffer() {
-    let (_dir, store) = open();
-    let buffer = bytes::Bytes::from(vec![7u8; 64 * 1024]);
-    let response = StoredResponse {
-        status: 201,
-        headers: vec![("etag".into(), buffer.slice(0..4))],
-        body: Some(buffer.slice(100..124)),
-    };
-    let token = LeaseToken::random();
-    assert!(matches!(
-        store.begin("k", &req(token, 0)).await,
-        Ok(Begin::Acquired { .. })
-    ));
-    store.complete("k", token, &response, 5_000, 1).await.unwrap();
-    let inside = |b: &bytes::Bytes| buffer.as_ptr_range().contains(&b.as_ptr());
-    let kept = store.get("k", 2).await.unwrap().expect("completed");
-    let RecordState::Completed { response: kept, .. } = kept.state else {
-        panic!("not completed");
-    };
-    assert_eq!(kept, response);
-    assert!(
-        !inside(kept.body.as_ref().unwrap()),
-        "the body shares the caller's buffer"
-    );
-    assert!(!inside(&kept.headers[0].1), "a header shares the caller's buffer");
+    for takeover in [true, false] {
+        let (_dir, store) = open();
+        let buffer = bytes::Bytes::from(vec![7u8; 64 * 1024]);
+        let response = StoredResponse {
+            status: 201,
+            headers: vec![("etag".into(), buffer.slice(0..4))],
+            body: Some(buffer.slice(100..124)),
+        };
+        let token = LeaseToken::random();
+        let begin = BeginRequest {
+            takeover,
+            ..req(token, 0)
+        };
+        assert!(matches!(
+            store.begin("k", &begin).await,
+            Ok(Begin::Acquired { .. })
+        ));
+        store.complete("k", token, &response, 5_000, 1).await.unwrap();
+        let inside = |b: &bytes::Bytes| buffer.as_ptr_range().contains(&b.as_ptr());
+        // Read twice and replayed: from redb, then from the cache of recent outcomes.
+        let retry = BeginRequest {
+            token: LeaseToken::random(),
+            now: 3,
+            ..begin.clone()
+        };
+        let replayed = match store.begin("k", &retry).await.unwrap() {
+            Begin::Replay(record) => *record,
+            other => panic!("takeover {takeover}: {other:?}"),
+        };
+        let read = store.get("k", 2).await.unwrap().expect("completed");
+        let again = store.get("k", 2).await.unwrap().expect("completed");
+        for record in [read, again, replayed] {
+            let RecordState::Completed { response: kept, .. } = record.state else {
+                panic!("takeover {takeover}: not completed");
+            };
+            assert_eq!(kept, response);
+            assert!(
+                !inside(kept.body.as_ref().unwrap()),
+                "takeover {takeover}: the body shares the caller's buffer"
+            );
+            assert!(
+                !inside(&kept.headers[0].1),
+                "takeover {takeover}: a header shares the caller's buffer"
+            );
+        }
+    }
 }

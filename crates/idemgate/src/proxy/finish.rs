@@ -34,6 +34,12 @@ impl Gateway {
                 // the store answers again, so a retry waits and then replays instead of running
                 // the operation a second time.
                 tracing::warn!(error = %e, "could not record the outcome yet; retrying in the background");
+                // Kept for up to `RECORD_PATIENCE`: bytes of its own, not a view into the
+                // upstream connection's read buffer.
+                let outcome = match outcome {
+                    Outcome::Response(response) => Outcome::Response(response.compacted()),
+                    Outcome::NoResponse => Outcome::NoResponse,
+                };
                 self.tasks.spawn(record_later(exec, outcome));
                 None
             }

@@ -377,9 +377,10 @@ impl Gateway {
         };
         let (mut head, body) = resp.into_parts();
         let (stored_body, rest) = match read_limited(body, route.engine.max_response_bytes).await {
-            // Shared, not copied: `b` may be a view into a much larger read buffer, but no store
-            // keeps the response itself past the call (each keeps its own encoding; see
-            // `Store::complete`), and a waiter handed it answers and lets it go.
+            // Shared, not copied: `b` may be a view into a much larger read buffer, but the
+            // memory, Redis and PostgreSQL stores encode the response within the call; what
+            // keeps it longer (the embedded store until its commit, the hand-off to waiters, an
+            // outcome retried into a failing store) keeps `StoredResponse::compacted`.
             Ok(Read::Complete(b)) => (Some(b.clone()), full(b)),
             Ok(Read::TooLarge(prefix, rest)) => (None, stream(Prefixed::new(prefix, rest))),
             Err(_) => {
