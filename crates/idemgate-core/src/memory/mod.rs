@@ -291,6 +291,23 @@ impl MemoryStore {
         }
     }
 
+    /// Puts a `begin`'s entry, refusing it when it would take a new key over the byte budget.
+    /// A live record's rewrite (`is_new` false) always goes in: a full store refuses new keys
+    /// but never a key it already holds.
+    fn put_within_budget(
+        &self,
+        table: &mut Table,
+        (hash, key): (u64, &str),
+        entry: Entry,
+        is_new: bool,
+    ) -> Result<(), StoreError> {
+        if is_new && self.used.load(Ordering::Relaxed) + cost(&entry) > self.max_bytes {
+            return Err(StoreError::Full);
+        }
+        self.put(table, hash, key, entry);
+        Ok(())
+    }
+
     /// Puts `entry` in place of a slot's entry, keeping the byte count and the expiry index.
     fn replace(&self, slot: &mut Stored, entry: Entry) {
         let (add, new_bucket) = (cost(&entry), expiry_bucket(&entry));
@@ -427,20 +444,14 @@ impl Store for MemoryStore {
                 route: self.routes.intern(req.route),
                 op: OpId::of(req.operation_id),
             });
-            if self.used.load(Ordering::Relaxed) + cost(&entry) > self.max_bytes {
-                return Err(StoreError::Full);
-            }
-            self.put(&mut table, hash, key, entry);
+            self.put_within_budget(&mut table, (hash, key), entry, true)?;
             return Ok(answer);
         }
         let (answer, write) = rules::begin_taking(&mut existing, req);
         if let Write::Put(rec) = write {
             let entry = self.encode(key, &rec);
             let is_new = existing.is_none_or(|old| !old.is_live(req.now));
-            if is_new && self.used.load(Ordering::Relaxed) + cost(&entry) > self.max_bytes {
-                return Err(StoreError::Full);
-            }
-            self.put(&mut table, hash, key, entry);
+            self.put_within_budget(&mut table, (hash, key), entry, is_new)?;
         } else {
             self.apply(&mut table, hash, key, write);
         }
