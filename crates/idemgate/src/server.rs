@@ -5,7 +5,6 @@
 //! releases its record, and for store calls finishing for clients that went away (a key such a
 //! call took for nobody is released). Both waits are bounded by `server.shutdown_timeout`.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,11 +48,10 @@ pub async fn serve(gateway: Arc<Gateway>, listener: TcpListener, shutdown: impl 
         let _ = stream.set_nodelay(true);
         let gw = gateway.clone();
         let (stream, verdicts) = Sniffer::new(stream);
-        let svc = service_fn(move |req| {
-            let gw = gw.clone();
-            let framing = verdicts.next();
-            async move { Ok::<_, Infallible>(gw.handle(req, peer, framing).await) }
-        });
+        // `handle`'s own future, not one wrapped in a block: hyper moves the service's future
+        // into place for every request, and a wrapper would hold the request's state twice
+        // over (its captures, then the inner future), a move of several KiB more.
+        let svc = service_fn(move |req| gw.clone().handle(req, peer, verdicts.next()));
         // A timer of its own per connection: see `head_timer`. (The builder keeps the last
         // one until the next accept; an armed clock there costs one timer entry.)
         http.timer(HeadTimer::default());

@@ -399,6 +399,29 @@ async fn raw_keys_never_reach_the_log() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_line_times_the_request() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&up, "memory", "").await;
+    let r = post(&gw.url("/api/v1/orders"), Some(&key("timed")), "{}")
+        .header("x-demo-delay-ms", "150")
+        .send()
+        .await
+        .unwrap();
+    let op = header(&r, "x-operation-id").expect("x-operation-id").to_owned();
+    let log = gw.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains(&format!("\"operation_id\":\"{op}\"")))
+        .unwrap_or_else(|| panic!("no access line for {op}: {log}"));
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    let ms = v["latency_ms"].as_f64().expect("latency_ms");
+    assert!(
+        (150.0..10_000.0).contains(&ms),
+        "the upstream took 150 ms; the line says {ms}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hop_by_hop_headers_are_not_forwarded() {
     let up = Upstream::start().await;
     let gw = Gateway::start(&up, "memory", "").await;

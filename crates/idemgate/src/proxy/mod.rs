@@ -112,13 +112,18 @@ impl Gateway {
     /// Handles one request and writes its access-log line.
     ///
     /// `framing` is the connection sniffer's verdict on this request's head (see
-    /// [`crate::framing`]): a refusal reason, or `None`.
+    /// [`crate::framing`]): a refusal reason, or `None`. Never an error: every refusal is a
+    /// problem+json response (the `Result` is hyper's service signature, so the server calls
+    /// this without a wrapper).
+    ///
+    /// # Errors
+    /// None.
     pub async fn handle(
         self: Arc<Self>,
         req: Request<Incoming>,
         peer: SocketAddr,
         framing: Verdict,
-    ) -> Response<Body> {
+    ) -> Result<Response<Body>, std::convert::Infallible> {
         let mut log = AccessLog::new(req.method());
         let routed = match framing {
             Some(why) => Err(Problem::new(Kind::BadRequest, why).close()),
@@ -139,7 +144,7 @@ impl Gateway {
         let status = resp.status().as_u16();
         log.emit(status);
         self.metrics.observe(&log, status);
-        resp
+        Ok(resp)
     }
 
     async fn route(
