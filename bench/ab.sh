@@ -29,6 +29,13 @@
 # req/s, p50, p99, and CPU microseconds per request of the whole process and of each of its
 # threads (user + system, from /proc), so a change that moves work between threads shows.
 # Ports 18100-18102, all on 127.0.0.1; everything it starts is stopped on exit.
+#
+# BENCH_PERF_DIR=DIR also samples the process under test with `perf record -F 2999` (no call
+# graph) for each measured run, into DIR/ROUND-ENTRY-NAME-STORE-SCENARIO.data (ENTRY: its place
+# in the arguments, from 1), and adds to its line how its CPU per request splits between the
+# kernel and user space (bench/perf_split.py, which also lists the symbols, or compares two runs
+# symbol by symbol). The profiler costs the row a few percent of CPU; read those rounds against
+# each other, not against rounds without it.
 set -euo pipefail
 # One block, read whole before any of it runs: bash reads a script as it goes, so an edit to
 # this file during a run (which takes minutes) would change or break the run under way.
@@ -43,6 +50,11 @@ shift 4
 case "$STORE" in memory | embedded | redis) ;; *) echo "ab: store must be memory, embedded or redis" >&2; exit 64 ;; esac
 case "$SCENARIO" in passthrough | miss | replay) ;; *) echo "ab: unknown scenario $SCENARIO" >&2; exit 64 ;; esac
 DEFAULT_STORE="$STORE" DEFAULT_SCENARIO="$SCENARIO"
+PERF_DIR="${BENCH_PERF_DIR:-}"
+if [[ -n "$PERF_DIR" ]]; then
+  command -v perf >/dev/null || { echo "ab: BENCH_PERF_DIR needs perf (apt-get install linux-perf)" >&2; exit 64; }
+  mkdir -p "$PERF_DIR"
+fi
 
 # entry SPEC: sets STORE, SCENARIO and bin from an argument, BIN or STORE:SCENARIO:BIN (only
 # valid names match, so every entry's store and scenario are valid).
@@ -106,11 +118,24 @@ for round in $(seq 1 "$ROUNDS"); do
     [[ "$SCENARIO" == replay ]] && { rig_prime "$GW_PORT"; prefix=rpool; }
     rig_wrk 32 2 "w$prefix" >/dev/null
     cpu_by_thread "$cpu_pid" >"$dir/t0"
+    if [[ -n "$PERF_DIR" ]]; then
+      # Named by the entry's place in the arguments too: two builds may share a file name.
+      for i in "${!BINS[@]}"; do [[ "${BINS[$i]}" == "$spec" ]] && entry_no=$((i + 1)); done
+      data="$PERF_DIR/$round-$entry_no-$(basename "$bin")-$STORE-$SCENARIO.data"
+      perf record -q -F 2999 -p "$cpu_pid" -o "$data" -- sleep "$SECS" >/dev/null 2>&1 &
+      perf_pid=$!
+    fi
     line="$(rig_wrk 32 "$SECS" "$prefix")"
     cpu_by_thread "$cpu_pid" >"$dir/t1"
     requests="$(kv "$line" requests)"
     [[ -n "$requests" && "$requests" -gt 0 ]] || { echo "ab: no result from wrk for $bin" >&2; exit 1; }
     threads="$(cpu_per_request "$dir/t0" "$dir/t1" "$requests")"
+    if [[ -n "$PERF_DIR" ]]; then
+      wait "$perf_pid" || true
+      split="$(python3 bench/perf_split.py --totals "$data" "$(kv "$threads" cpu_us)")"
+      # "DATA: cpu_us=X kernel_us=… user_us=…": the fields after cpu_us.
+      threads+=" ${split#* cpu_us=* } perf=$data"
+    fi
     printf '%s round=%s rps=%s p50_us=%s p99_us=%s errors=%s %s\n' "$spec" "$round" \
       "$(kv "$line" rps)" "$(kv "$line" p50_us)" "$(kv "$line" p99_us)" "$(kv "$line" errors)" "$threads"
     kill "$gw"
