@@ -30,12 +30,14 @@
 # threads (user + system, from /proc), so a change that moves work between threads shows.
 # Ports 18100-18102, all on 127.0.0.1; everything it starts is stopped on exit.
 #
-# BENCH_PERF_DIR=DIR also samples the process under test with `perf record -F 2999` (no call
-# graph) for each measured run, into DIR/ROUND-ENTRY-NAME-STORE-SCENARIO.data (ENTRY: its place
-# in the arguments, from 1), and adds to its line how its CPU per request splits between the
-# kernel and user space (bench/perf_split.py, which also lists the symbols, or compares two runs
-# symbol by symbol). The profiler costs the row a few percent of CPU; read those rounds against
-# each other, not against rounds without it.
+# BENCH_PERF_DIR=DIR also samples the process under test with `perf record -e cpu-clock -F 2999`
+# (no call graph) for each measured run, into DIR/ROUND-ENTRY-NAME-STORE-SCENARIO.data (ENTRY:
+# its place in the arguments, from 1; DIR relative to the repository), and adds to its line how
+# its CPU per request splits between the kernel and user space (kernel_us, user_us, and user
+# space as program_us, libc_us, vdso_us; bench/perf_split.py, which also lists the symbols or
+# compares two recordings), and perf=FILE. Needs root or kernel.perf_event_paranoid <= 1 (perf
+# would otherwise drop the kernel's samples). The profiler costs the row a few percent of CPU;
+# read those rounds against each other, not against rounds without it.
 set -euo pipefail
 # One block, read whole before any of it runs: bash reads a script as it goes, so an edit to
 # this file during a run (which takes minutes) would change or break the run under way.
@@ -44,7 +46,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 
-[[ $# -ge 5 ]] || { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
+[[ $# -ge 5 ]] || { sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
 STORE="$1" SCENARIO="$2" ROUNDS="$3" SECS="$4"
 shift 4
 case "$STORE" in memory | embedded | redis) ;; *) echo "ab: store must be memory, embedded or redis" >&2; exit 64 ;; esac
@@ -53,6 +55,10 @@ DEFAULT_STORE="$STORE" DEFAULT_SCENARIO="$SCENARIO"
 PERF_DIR="${BENCH_PERF_DIR:-}"
 if [[ -n "$PERF_DIR" ]]; then
   command -v perf >/dev/null || { echo "ab: BENCH_PERF_DIR needs perf (apt-get install linux-perf)" >&2; exit 64; }
+  if ((EUID != 0)) && (($(cat /proc/sys/kernel/perf_event_paranoid) > 1)); then
+    echo "ab: BENCH_PERF_DIR needs root or kernel.perf_event_paranoid <= 1 to sample the kernel" >&2
+    exit 64
+  fi
   mkdir -p "$PERF_DIR"
 fi
 
@@ -90,8 +96,10 @@ fi
 
 BINS=("$@")
 for round in $(seq 1 "$ROUNDS"); do
-  mapfile -t order < <(round_order "$round" "${BINS[@]}")
-  for spec in "${order[@]}"; do
+  # By index: the same entry may be given twice (an A/A run).
+  mapfile -t order < <(round_order "$round" "${!BINS[@]}")
+  for idx in "${order[@]}"; do
+    spec="${BINS[$idx]}"
     entry "$spec"
     dir="$WORK/gw-$round-$RANDOM"
     mkdir -p "$dir"
@@ -120,10 +128,10 @@ for round in $(seq 1 "$ROUNDS"); do
     cpu_by_thread "$cpu_pid" >"$dir/t0"
     if [[ -n "$PERF_DIR" ]]; then
       # Named by the entry's place in the arguments too: two builds may share a file name.
-      for i in "${!BINS[@]}"; do [[ "${BINS[$i]}" == "$spec" ]] && entry_no=$((i + 1)); done
-      data="$PERF_DIR/$round-$entry_no-$(basename "$bin")-$STORE-$SCENARIO.data"
-      perf record -q -F 2999 -p "$cpu_pid" -o "$data" -- sleep "$SECS" >/dev/null 2>&1 &
+      data="$PERF_DIR/$round-$((idx + 1))-$(basename "$bin")-$STORE-$SCENARIO.data"
+      perf record -q -e cpu-clock -F 2999 -p "$cpu_pid" -o "$data" -- sleep "$SECS" >"$dir/perf.log" 2>&1 &
       perf_pid=$!
+      PIDS+=("$perf_pid")
     fi
     line="$(rig_wrk 32 "$SECS" "$prefix")"
     cpu_by_thread "$cpu_pid" >"$dir/t1"
@@ -131,10 +139,8 @@ for round in $(seq 1 "$ROUNDS"); do
     [[ -n "$requests" && "$requests" -gt 0 ]] || { echo "ab: no result from wrk for $bin" >&2; exit 1; }
     threads="$(cpu_per_request "$dir/t0" "$dir/t1" "$requests")"
     if [[ -n "$PERF_DIR" ]]; then
-      wait "$perf_pid" || true
-      split="$(python3 bench/perf_split.py --totals "$data" "$(kv "$threads" cpu_us)")"
-      # "DATA: cpu_us=X kernel_us=… user_us=…": the fields after cpu_us.
-      threads+=" ${split#* cpu_us=* } perf=$data"
+      wait "$perf_pid" || { echo "ab: perf record failed for $spec:" >&2; cat "$dir/perf.log" >&2; exit 1; }
+      threads+=" $(python3 bench/perf_split.py --totals "$data" "$(kv "$threads" cpu_us)") perf=$data"
     fi
     printf '%s round=%s rps=%s p50_us=%s p99_us=%s errors=%s %s\n' "$spec" "$round" \
       "$(kv "$line" rps)" "$(kv "$line" p50_us)" "$(kv "$line" p99_us)" "$(kv "$line" errors)" "$threads"
