@@ -19,8 +19,13 @@
 # prints p50, p90, p99, p99.9 and max; for idemgate also the store's begin and complete latency
 # (the gateway's own histograms, read from its admin port: the upper bounds of the buckets that
 # hold p50 and p99), CPU microseconds per request of the gateway, whole and per thread (as
-# bench/ab.sh), and for postgres of PostgreSQL's processes. Ports 18130-18133, 127.0.0.1 only;
-# everything it starts is stopped on exit.
+# bench/ab.sh), and for postgres of PostgreSQL's processes, then user_us and sys_us: the process's
+# CPU per request in user space and in the kernel (from /proc, clock ticks). Ports 18130-18133,
+# 127.0.0.1 only; everything it starts is stopped on exit.
+#
+# BENCH_TAIL_MODE=passthrough sends idemgate requests without a key instead of misses, so the two
+# can be compared at one rate (a closed loop compares each at its own peak, where the slower
+# one's load side idles more).
 set -euo pipefail
 # One block, read whole before any of it runs: bash reads a script as it goes, so an edit to
 # this file during a run (which takes minutes) would change or break the run under way.
@@ -29,7 +34,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 
-[[ $# -ge 5 ]] || { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
+[[ $# -ge 5 ]] || { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
 STORE="$1" RATE="$2" ROUNDS="$3" SECS="$4"
 shift 4
 case "$STORE" in memory | embedded | postgres) ;; *) echo "tail: store must be memory, embedded or postgres" >&2; exit 64 ;; esac
@@ -37,6 +42,8 @@ for bin in "$@"; do
   [[ "$bin" == nginx || -x "$bin" ]] || { echo "tail: $bin is not an executable" >&2; exit 64; }
 done
 PG_URL="${BENCH_PG_URL:-postgres://postgres@127.0.0.1:5432/test}"
+MODE="${BENCH_TAIL_MODE:-miss}"
+case "$MODE" in miss | passthrough) ;; *) echo "tail: BENCH_TAIL_MODE is miss or passthrough" >&2; exit 64 ;; esac
 UP_PORT=18130 GW_PORT=18132 ADMIN_PORT=18133
 SCENARIO=miss
 rig_start tail "$UP_PORT" psql
@@ -81,7 +88,7 @@ for round in $(seq 1 "$ROUNDS"); do
   for bin in "${order[@]}"; do
     dir="$WORK/gw-$round-$RANDOM"
     mkdir -p "$dir"
-    mode=miss
+    mode="$MODE"
     if [[ "$bin" == nginx ]]; then
       mode=passthrough
       start_proxy_peer "$dir" "$GW_PORT" "$UP_PORT"
@@ -104,10 +111,12 @@ for round in $(seq 1 "$ROUNDS"); do
     cpu_pid="$gw"
     if [[ "$bin" == nginx ]]; then cpu_pid="$(pgrep -P "$gw" | head -n1)"; fi
     cpu_by_thread "$cpu_pid" >"$dir/t0"
+    read -r u0 s0 < <(awk '{print $14, $15}' "/proc/$cpu_pid/stat")
     p0="$(pg_ticks)"
     line="$(taskset -c 0 "$LOADGEN" rate --url "http://127.0.0.1:$GW_PORT/api/v1/orders" --rate "$RATE" \
       --duration "$SECS" --warmup 1 --connections 32 --mode "$mode" --prefix "tail$round$RANDOM" | grep '^RESULT' || true)"
     cpu_by_thread "$cpu_pid" >"$dir/t1"
+    read -r u1 s1 < <(awk '{print $14, $15}' "/proc/$cpu_pid/stat")
     p1="$(pg_ticks)"
     requests="$(kv "$line" requests)"
     [[ -n "$requests" && "$requests" -gt 0 ]] || { echo "tail: no result from the load generator for $bin" >&2; exit 1; }
@@ -118,6 +127,9 @@ for round in $(seq 1 "$ROUNDS"); do
       [[ "$STORE" == postgres ]] && extra+=" postgres_cpu_us=$(((p1 - p0) * 10000 / sent))"
       extra+=" $(store_latency)"
     fi
+    # The whole process (every thread), from clock ticks of 10 ms, per request sent.
+    extra+=" user_us=$(awk -v t=$((u1 - u0)) -v n="$sent" 'BEGIN { printf "%.1f", t * 10000 / n }')"
+    extra+=" sys_us=$(awk -v t=$((s1 - s0)) -v n="$sent" 'BEGIN { printf "%.1f", t * 10000 / n }')"
     printf '%s round=%s rps=%s p50_us=%s p90_us=%s p99_us=%s p999_us=%s max_us=%s errors=%s %s\n' "$bin" "$round" \
       "$(kv "$line" rps)" "$(kv "$line" p50_us)" "$(kv "$line" p90_us)" "$(kv "$line" p99_us)" \
       "$(kv "$line" p999_us)" "$(kv "$line" max_us)" "$(kv "$line" errors)" "$extra"
