@@ -111,12 +111,13 @@ for round in $(seq 1 "$ROUNDS"); do
     cpu_pid="$gw"
     if [[ "$bin" == nginx ]]; then cpu_pid="$(pgrep -P "$gw" | head -n1)"; fi
     cpu_by_thread "$cpu_pid" >"$dir/t0"
-    read -r u0 s0 < <(awk '{print $14, $15}' "/proc/$cpu_pid/stat")
+    # utime and stime (after the command name, which may hold spaces), exited threads included.
+    read -r u0 s0 < <(awk '{ sub(/^.*\) /, ""); print $12, $13 }' "/proc/$cpu_pid/stat")
     p0="$(pg_ticks)"
     line="$(taskset -c 0 "$LOADGEN" rate --url "http://127.0.0.1:$GW_PORT/api/v1/orders" --rate "$RATE" \
       --duration "$SECS" --warmup 1 --connections 32 --mode "$mode" --prefix "tail$round$RANDOM" | grep '^RESULT' || true)"
     cpu_by_thread "$cpu_pid" >"$dir/t1"
-    read -r u1 s1 < <(awk '{print $14, $15}' "/proc/$cpu_pid/stat")
+    read -r u1 s1 < <(awk '{ sub(/^.*\) /, ""); print $12, $13 }' "/proc/$cpu_pid/stat")
     p1="$(pg_ticks)"
     requests="$(kv "$line" requests)"
     [[ -n "$requests" && "$requests" -gt 0 ]] || { echo "tail: no result from the load generator for $bin" >&2; exit 1; }
@@ -125,7 +126,7 @@ for round in $(seq 1 "$ROUNDS"); do
     extra="$(cpu_per_request "$dir/t0" "$dir/t1" "$sent")"
     if [[ "$bin" != nginx ]]; then
       [[ "$STORE" == postgres ]] && extra+=" postgres_cpu_us=$(((p1 - p0) * 10000 / sent))"
-      extra+=" $(store_latency)"
+      [[ "$mode" == miss ]] && extra+=" $(store_latency)"
     fi
     # The whole process (every thread), from clock ticks of 10 ms, per request sent.
     extra+=" user_us=$(awk -v t=$((u1 - u0)) -v n="$sent" 'BEGIN { printf "%.1f", t * 10000 / n }')"
