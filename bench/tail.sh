@@ -24,8 +24,7 @@
 # 127.0.0.1 only; everything it starts is stopped on exit.
 #
 # BENCH_TAIL_MODE=passthrough sends idemgate requests without a key instead of misses, so the two
-# can be compared at one rate (a closed loop compares each at its own peak, where the slower
-# one's load side idles more).
+# can be compared at one rate, well under both peaks (a closed loop compares each at its own).
 set -euo pipefail
 # One block, read whole before any of it runs: bash reads a script as it goes, so an edit to
 # this file during a run (which takes minutes) would change or break the run under way.
@@ -34,7 +33,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 
-[[ $# -ge 5 ]] || { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
+[[ $# -ge 5 ]] || { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
 STORE="$1" RATE="$2" ROUNDS="$3" SECS="$4"
 shift 4
 case "$STORE" in memory | embedded | postgres) ;; *) echo "tail: store must be memory, embedded or postgres" >&2; exit 64 ;; esac
