@@ -203,6 +203,12 @@ proc_ticks() {
   echo "$t"
 }
 
+# proc_user_sys PID: "utime stime" of PID in clock ticks, every thread, exited ones included (the
+# fields after the command name, which may hold spaces, as in proc_ticks).
+proc_user_sys() {
+  awk '{ sub(/^.*\) /, ""); print $12, $13 }' "/proc/$1/stat"
+}
+
 # round_order ROUND ITEM...: the items, one per line, in the order given on odd rounds and
 # reversed on even ones: on a noisy machine the first of a pair has been seen to run faster, for
 # no reason of its own.
