@@ -27,7 +27,10 @@
 # CPU 1, one catch-all `accepted` route with `scope: global`, a fresh store (and data directory)
 # per round, a discarded 2 s warm-up, then SECONDS measured. Prints one line per round and binary:
 # req/s, p50, p99, and CPU microseconds per request of the whole process and of each of its
-# threads (user + system, from /proc), so a change that moves work between threads shows.
+# threads (user + system, from /proc), so a change that moves work between threads shows, then
+# the whole process's user and system CPU per request (proc_user_us, proc_sys_us; clock ticks of
+# 10 ms from /proc, so without a profiler's own cost: on a VM where sampling is costly, the split
+# to read).
 # Ports 18100-18102, all on 127.0.0.1; everything it starts is stopped on exit.
 #
 # BENCH_PERF_DIR=DIR also samples the process under test with `perf record -e cpu-clock -F 2999`
@@ -126,6 +129,7 @@ for round in $(seq 1 "$ROUNDS"); do
     [[ "$SCENARIO" == replay ]] && { rig_prime "$GW_PORT"; prefix=rpool; }
     rig_wrk 32 2 "w$prefix" >/dev/null
     cpu_by_thread "$cpu_pid" >"$dir/t0"
+    us0="$(proc_user_sys "$cpu_pid")"
     if [[ -n "$PERF_DIR" ]]; then
       # Named by the entry's place in the arguments too: two builds may share a file name.
       data="$PERF_DIR/$round-$((idx + 1))-$(basename "$bin")-$STORE-$SCENARIO.data"
@@ -135,9 +139,10 @@ for round in $(seq 1 "$ROUNDS"); do
     fi
     line="$(rig_wrk 32 "$SECS" "$prefix")"
     cpu_by_thread "$cpu_pid" >"$dir/t1"
+    us1="$(proc_user_sys "$cpu_pid")"
     requests="$(kv "$line" requests)"
     [[ -n "$requests" && "$requests" -gt 0 ]] || { echo "ab: no result from wrk for $bin" >&2; exit 1; }
-    threads="$(cpu_per_request "$dir/t0" "$dir/t1" "$requests")"
+    threads="$(cpu_per_request "$dir/t0" "$dir/t1" "$requests")$(user_sys_per_request "$us0" "$us1" "$requests" proc_)"
     if [[ -n "$PERF_DIR" ]]; then
       wait "$perf_pid" || { echo "ab: perf record failed for $spec:" >&2; cat "$dir/perf.log" >&2; exit 1; }
       threads+=" $(python3 bench/perf_split.py --totals "$data" "$(kv "$threads" cpu_us)") perf=$data"

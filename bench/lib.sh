@@ -209,6 +209,14 @@ proc_user_sys() {
   awk '{ sub(/^.*\) /, ""); print $12, $13 }' "/proc/$1/stat"
 }
 
+# user_sys_per_request "U0 S0" "U1 S1" N [PREFIX]: " PREFIXuser_us=U PREFIXsys_us=S", the user
+# and system CPU per request, in microseconds, between two proc_user_sys readings over N requests
+# (ticks of 10 ms).
+user_sys_per_request() {
+  awk -v a="$1" -v b="$2" -v n="$3" -v p="${4:-}" 'BEGIN { split(a, x); split(b, y)
+    printf " %suser_us=%.1f %ssys_us=%.1f", p, (y[1] - x[1]) * 10000 / n, p, (y[2] - x[2]) * 10000 / n }'
+}
+
 # round_order ROUND ITEM...: the items, one per line, in the order given on odd rounds and
 # reversed on even ones: on a noisy machine the first of a pair has been seen to run faster, for
 # no reason of its own.

@@ -110,12 +110,12 @@ for round in $(seq 1 "$ROUNDS"); do
     cpu_pid="$gw"
     if [[ "$bin" == nginx ]]; then cpu_pid="$(pgrep -P "$gw" | head -n1)"; fi
     cpu_by_thread "$cpu_pid" >"$dir/t0"
-    read -r u0 s0 < <(proc_user_sys "$cpu_pid")
+    us0="$(proc_user_sys "$cpu_pid")"
     p0="$(pg_ticks)"
     line="$(taskset -c 0 "$LOADGEN" rate --url "http://127.0.0.1:$GW_PORT/api/v1/orders" --rate "$RATE" \
       --duration "$SECS" --warmup 1 --connections 32 --mode "$mode" --prefix "tail$round$RANDOM" | grep '^RESULT' || true)"
     cpu_by_thread "$cpu_pid" >"$dir/t1"
-    read -r u1 s1 < <(proc_user_sys "$cpu_pid")
+    us1="$(proc_user_sys "$cpu_pid")"
     p1="$(pg_ticks)"
     requests="$(kv "$line" requests)"
     [[ -n "$requests" && "$requests" -gt 0 ]] || { echo "tail: no result from the load generator for $bin" >&2; exit 1; }
@@ -127,8 +127,7 @@ for round in $(seq 1 "$ROUNDS"); do
       [[ "$mode" == miss ]] && extra+=" $(store_latency)"
     fi
     # The whole process (every thread), from clock ticks of 10 ms, per request sent.
-    extra+="$(awk -v u=$((u1 - u0)) -v s=$((s1 - s0)) -v n="$sent" \
-      'BEGIN { printf " user_us=%.1f sys_us=%.1f", u * 10000 / n, s * 10000 / n }')"
+    extra+="$(user_sys_per_request "$us0" "$us1" "$sent")"
     printf '%s round=%s rps=%s p50_us=%s p90_us=%s p99_us=%s p999_us=%s max_us=%s errors=%s %s\n' "$bin" "$round" \
       "$(kv "$line" rps)" "$(kv "$line" p50_us)" "$(kv "$line" p90_us)" "$(kv "$line" p99_us)" \
       "$(kv "$line" p999_us)" "$(kv "$line" max_us)" "$(kv "$line" errors)" "$extra"
