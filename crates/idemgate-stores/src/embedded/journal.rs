@@ -6,7 +6,8 @@
 //! it waited for the disk too. Here redb commits without an fsync and the writes that need the
 //! disk go, as frames, into a preallocated file that is overwritten in place: one sequential
 //! write and one `fdatasync` per group, measured at about a fifth of a redb commit's fsync on
-//! the benchmark machine, and the writer goes on with the next batch meanwhile.
+//! the benchmark machine, and the writer goes on with the next batch meanwhile. The write
+//! bypasses the page cache where the file system allows it (`appender.rs`).
 //!
 //! Every so often the writer makes a durable redb commit (a checkpoint) that records the
 //! sequence number of the last frame it covers, names a random generation and one of the
@@ -42,6 +43,7 @@ use idemgate_core::notify::Notifier;
 use tokio::sync::{mpsc, watch};
 
 use super::Reply;
+use super::appender::Appender;
 
 /// Bytes the journal file is preallocated to (written with zeros once, so that an `fdatasync`
 /// after overwriting them has no file size or extent to update). A burst larger than this
@@ -356,13 +358,13 @@ pub(super) enum Msg {
 /// commit), then answers the replies that waited for it.
 /// It starts at offset 0 of `files[0]`, the file the checkpoint at open named.
 pub(super) fn run(
-    files: &[File; 2],
+    mut files: [Appender; 2],
     rx: &std::sync::mpsc::Receiver<Msg>,
     shared: &Arc<Shared>,
     notifier: &Notifier,
 ) {
     let _stop = BreakOnExit(shared.clone());
-    let (mut file, mut offset) = (0, 0u64);
+    let mut file = 0;
     while let Ok(first) = rx.recv() {
         shared.set_syncing(true);
         let mut replies = Vec::new();
@@ -379,15 +381,21 @@ pub(super) fn run(
                     replies: r,
                 } => {
                     if !frames.is_empty() && result.is_ok() {
-                        result = files[file].write_all_at(&frames, offset);
-                        offset += frames.len() as u64;
+                        result = files[file].append(&frames);
                         grouped += frames.len();
                         wrote[file] = true;
                     }
                     last = Some(last_seq);
                     replies.extend(r);
                 }
-                Msg::Wrap(next) => (file, offset) = (next.min(1), 0),
+                Msg::Wrap(to) => {
+                    // What was gathered for the file left is written before the next file's.
+                    if result.is_ok() {
+                        result = files[file].flush();
+                    }
+                    file = to.min(1);
+                    files[file].restart();
+                }
             }
             if grouped < GROUP_BYTES {
                 next = rx.try_recv().ok();
@@ -398,7 +406,7 @@ pub(super) fn run(
         // before both syncs.
         for i in [1 - file, file] {
             if wrote[i] && result.is_ok() {
-                result = files[i].sync_data();
+                result = files[i].sync();
             }
         }
         match result {

@@ -31,6 +31,7 @@
 //! that the writer replaces after each commit (`snapshot.rs`), not one per caller. Completed
 //! records read that way stay decoded in memory for the key's next retries (`recent.rs`).
 
+mod appender;
 mod batch;
 mod journal;
 #[cfg(test)]
@@ -206,13 +207,18 @@ impl EmbeddedStore {
                 .create_with_backend(sync::Backend(control.clone()))
                 .map_err(StoreError::backend)?,
         );
-        let (first, first_bytes) =
-            journal::open(&dir.join("records.journal")).map_err(StoreError::backend)?;
-        let (second, second_bytes) =
-            journal::open(&dir.join("records.journal.1")).map_err(StoreError::backend)?;
+        let paths = [dir.join("records.journal"), dir.join("records.journal.1")];
+        let (first, first_bytes) = journal::open(&paths[0]).map_err(StoreError::backend)?;
+        let (second, second_bytes) = journal::open(&paths[1]).map_err(StoreError::backend)?;
         journal::sync_dirs(dir).map_err(StoreError::backend)?;
         let (seq, generations, replayed) = writer::recover(&db, [&first_bytes, &second_bytes])?;
         drop((first_bytes, second_bytes));
+        // Only now: recovery's checkpoint has made the files' frames unneeded, and the probe of
+        // a direct write overwrites a block of each.
+        let files = [
+            appender::Appender::new(first, &paths[0]),
+            appender::Appender::new(second, &paths[1]),
+        ];
         let notifier = Arc::new(Notifier::default());
         let shared = Arc::new(journal::Shared::new(seq));
         let (journal_tx, journal_rx) = std::sync::mpsc::channel();
@@ -221,7 +227,7 @@ impl EmbeddedStore {
         // bench/ab.sh must tell the journal and the writer apart.
         let journal_thread = std::thread::Builder::new()
             .name("store-journal".into())
-            .spawn(move || journal::run(&[first, second], &journal_rx, &journal_shared, &journal_notifier))
+            .spawn(move || journal::run(files, &journal_rx, &journal_shared, &journal_notifier))
             .map_err(StoreError::backend)?;
         let (sync_control, sync_shared) = (control.clone(), shared.clone());
         std::thread::Builder::new()
