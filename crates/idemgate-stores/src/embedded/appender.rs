@@ -13,8 +13,8 @@
 //! is written from that block's start: those frames go to the disk again with the same bytes, as
 //! the page cache's writeback of that page did. The rest of the last block is written as zeros,
 //! where the page cache wrote whatever the page held (zeros, or frames of an older generation);
-//! recovery stops at either (a frame of length 0, or of another generation), and the next group
-//! overwrites it. The bytes up to the last frame are the same as before, so recovery
+//! recovery stops at either (a frame of length 0; one of another generation, or torn), and the
+//! next group overwrites it. The bytes up to the last frame are the same as before, so recovery
 //! (`journal::replay`) is unchanged.
 
 use std::fs::File;
@@ -37,11 +37,10 @@ pub(super) struct Appender {
 }
 
 impl Appender {
-    /// `file` is the journal file as `journal::open` opened it; `path` opens it again for
-    /// direct writes. Call it only once recovery no longer needs the file's frames: the probe
-    /// write overwrites its first block with zeros.
+    /// `file` is the journal file as `journal::open` opened it (preallocated); `path` opens it
+    /// again for direct writes.
     pub(super) fn new(file: File, path: &Path) -> Self {
-        let direct = match Direct::open(path) {
+        let direct = match Direct::open(path, &file) {
             Ok(d) => Some(d),
             Err(e) => {
                 tracing::debug!(error = %e, path = %path.display(), "journal written through the page cache");
@@ -108,6 +107,7 @@ impl Appender {
 }
 
 /// A journal file opened with `O_DIRECT`, and the group being gathered for it.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))] // made on Linux only
 struct Direct {
     file: File,
     /// The frames of the partly written block the group starts in, then the group's.
@@ -120,16 +120,21 @@ struct Direct {
 
 impl Direct {
     #[cfg(target_os = "linux")]
-    fn open(path: &Path) -> io::Result<Self> {
+    fn open(path: &Path, buffered: &File) -> io::Result<Self> {
         use std::os::unix::fs::OpenOptionsExt;
         let file = std::fs::OpenOptions::new()
             .write(true)
             .custom_flags(libc::O_DIRECT)
             .open(path)?;
-        let buf = Aligned::with_capacity(64 << 10)?;
+        let mut buf = Aligned::with_capacity(64 << 10)?;
         // A file system may take the flag and refuse the writes (or want larger blocks): that
-        // shows here, not on a group that callers wait for.
-        file.write_all_at(buf.zeros(), 0)?;
+        // shows here, not on a group that callers wait for. The probe writes the first block
+        // back with the bytes it holds, so it changes nothing, whatever recovery still reads.
+        let block = buf.first_block();
+        buffered.read_exact_at(block, 0)?;
+        let probed = file.write_all_at(block, 0);
+        block.fill(0);
+        probed?;
         Ok(Self {
             file,
             buf,
@@ -139,7 +144,7 @@ impl Direct {
     }
 
     #[cfg(not(target_os = "linux"))]
-    fn open(_: &Path) -> io::Result<Self> {
+    fn open(_: &Path, _: &File) -> io::Result<Self> {
         Err(io::Error::new(
             io::ErrorKind::Unsupported,
             "direct writes are used on Linux only",
@@ -180,10 +185,11 @@ impl Aligned {
         self.raw.len() - self.start
     }
 
-    /// One block of zeros (the buffer past its contents, which `padded` keeps zero).
+    /// The first block of an empty buffer, for the probe at open; zero it again after use.
     #[cfg(target_os = "linux")]
-    fn zeros(&self) -> &[u8] {
-        &self.raw[self.start + self.len.next_multiple_of(BLOCK)..][..BLOCK]
+    fn first_block(&mut self) -> &mut [u8] {
+        debug_assert_eq!(self.len, 0);
+        &mut self.raw[self.start..][..BLOCK]
     }
 
     fn extend(&mut self, bytes: &[u8]) {

@@ -213,8 +213,8 @@ impl EmbeddedStore {
         journal::sync_dirs(dir).map_err(StoreError::backend)?;
         let (seq, generations, replayed) = writer::recover(&db, [&first_bytes, &second_bytes])?;
         drop((first_bytes, second_bytes));
-        // Only now: recovery's checkpoint has made the files' frames unneeded, and the probe of
-        // a direct write overwrites a block of each.
+        // The probe of a direct write (`appender.rs`) writes the first block of each file back
+        // with the bytes it holds.
         let files = [
             appender::Appender::new(first, &paths[0]),
             appender::Appender::new(second, &paths[1]),
