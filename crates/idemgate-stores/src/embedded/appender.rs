@@ -6,7 +6,9 @@
 //! pages, mapped them to blocks and submitted them: most of the thread's CPU, which shares the
 //! callers' core on a small gateway (docs/benchmarks-journal.md, 2026-11-28, before noon). Written
 //! directly, a group is one block-aligned write from this buffer, and the `fdatasync` after it
-//! only has the disk flush its cache.
+//! has no dirty pages to look up and write back: what is left is the disk's cache flush and
+//! whatever metadata the file system writes (ext4 without a journal writes the inode whose time
+//! the write moved; a write past the end of the file, its size).
 //!
 //! A direct write starts and ends on a block boundary, from an aligned buffer, and frames end
 //! anywhere. So the buffer keeps the frames of the last, partly filled block, and the next group
@@ -101,7 +103,7 @@ impl Appender {
     pub(super) fn sync(&mut self) -> io::Result<()> {
         self.flush()?;
         // Either descriptor: `fdatasync` acts on the file. After direct writes it finds no dirty
-        // page and only has the disk flush its cache.
+        // page to write back.
         self.file.sync_data()
     }
 }
